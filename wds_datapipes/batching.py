@@ -1,0 +1,88 @@
+"""The ``batch_samples`` pipe: lists of samples into batches, stacking what stacks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from numbers import Number
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterDataPipe, functional_datapipe
+
+
+def collate(items: Sequence[Any]) -> Any:
+    """One batch value from the same field of several samples.
+
+    Tensors or arrays of one shape and dtype stack into a tensor (arrays become tensors);
+    ints, floats and bools become a 1-d tensor; dicts and tuples collate field by field;
+    anything else (strings, bytes, ragged shapes) stays a list.
+    """
+    first = items[0]
+    if isinstance(first, torch.Tensor):
+        if all(isinstance(x, torch.Tensor) and x.shape == first.shape and x.dtype == first.dtype for x in items):
+            return torch.stack(list(items))
+        return list(items)
+    if isinstance(first, np.ndarray):
+        if all(isinstance(x, np.ndarray) and x.shape == first.shape and x.dtype == first.dtype for x in items):
+            out = torch.empty((len(items), *first.shape), dtype=torch.from_numpy(first[:0]).dtype)
+            # Copy straight into the batch tensor: one copy, where np.stack + from_numpy makes two.
+            view = out.numpy()
+            for i, x in enumerate(items):
+                view[i] = x
+            return out
+        return list(items)
+    if isinstance(first, (bool, Number)) and not isinstance(first, complex):
+        kinds = {type(x) for x in items}
+        if kinds <= {bool} or kinds <= {int, np.integer} or all(isinstance(x, (int, float)) for x in items):
+            try:
+                return torch.tensor(items)
+            except (TypeError, ValueError, RuntimeError):
+                return list(items)
+        return list(items)
+    if isinstance(first, dict):
+        if all(isinstance(x, dict) and x.keys() == first.keys() for x in items):
+            return {k: collate([x[k] for x in items]) for k in first}
+        return list(items)
+    if isinstance(first, tuple):
+        if all(isinstance(x, tuple) and len(x) == len(first) for x in items):
+            return tuple(collate(column) for column in zip(*items))
+        return list(items)
+    return list(items)
+
+
+@functional_datapipe("batch_samples")
+class Batcher(IterDataPipe):
+    """Yields batches of ``batch_size`` samples, collated (functional name: ``batch_samples``).
+
+    Dict samples give a dict of batched fields, tuples a tuple; tensors, arrays and
+    numbers of one shape stack into tensors, the rest stays as lists (see :func:`collate`).
+
+    Args:
+        source_datapipe: samples (dicts or tuples).
+        batch_size: samples per batch.
+        partial: yield the last, smaller batch (default) instead of dropping it.
+        collate_fn: replaces :func:`collate` (called with the list of samples).
+
+    Example:
+        >>> samples.to_tuple("jpg", "cls").batch_samples(64)
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe, batch_size: int, partial: bool = True, collate_fn=None):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.source_datapipe = source_datapipe
+        self.batch_size = batch_size
+        self.partial = partial
+        self.collate_fn = collate_fn
+
+    def __iter__(self) -> Iterator[Any]:
+        combine = self.collate_fn or collate
+        batch: list = []
+        for sample in self.source_datapipe:
+            batch.append(sample)
+            if len(batch) == self.batch_size:
+                yield combine(batch)
+                batch = []
+        if batch and self.partial:
+            yield combine(batch)

@@ -1,0 +1,106 @@
+"""Per-field helpers for sample dicts: ``to_tuple``, ``rename_keys``, ``map_fields``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import IterDataPipe, functional_datapipe
+
+from .errors import SampleError
+from .handlers import Handler, reraise_exception
+
+
+def pick_field(sample: dict, alternatives: str) -> Any:
+    """The first of ``"jpg;png"``'s fields present in ``sample``; KeyError names them all."""
+    for name in alternatives.split(";"):
+        if name in sample:
+            return sample[name]
+    raise KeyError(f"none of the fields {alternatives!r} (sample has {sorted(sample)})")
+
+
+class _PerSample(IterDataPipe):
+    """Applies ``self._convert`` to each sample; a failure goes to the handler, which may skip it."""
+
+    source_datapipe: IterDataPipe
+    handler: Handler
+
+    def _convert(self, sample: dict) -> Any:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Any]:
+        for sample in self.source_datapipe:
+            try:
+                yield self._convert(sample)
+            except SampleError as exn:
+                if not self.handler(exn):
+                    raise
+            except Exception as exn:
+                error = SampleError(sample.get("__url__", "?"), sample.get("__key__", "?"),
+                                    f"{type(self).__name__}: {type(exn).__name__}: {exn}")
+                if not self.handler(error):
+                    raise error from exn
+
+
+@functional_datapipe("to_tuple")
+class TupleMaker(_PerSample):
+    """Yields a tuple of chosen fields of each sample (functional name: ``to_tuple``).
+
+    Each name may list alternatives with ``;``: ``to_tuple("jpg;png", "cls")``. A sample
+    missing a field is an error given to ``handler`` (skip it with ``warn_and_continue``).
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[dict], *fields: str, handler: Handler = reraise_exception):
+        if not fields:
+            raise ValueError("to_tuple needs at least one field name")
+        self.source_datapipe = source_datapipe
+        self.fields = fields
+        self.handler = handler
+
+    def _convert(self, sample: dict) -> tuple:
+        return tuple(pick_field(sample, f) for f in self.fields)
+
+
+@functional_datapipe("rename_keys")
+class KeyRenamer(_PerSample):
+    """Yields each sample with fields renamed, ``new="old;alternative"`` (functional name: ``rename_keys``).
+
+    With ``keep=False`` only the renamed fields and ``__key__``/``__url__`` remain.
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[dict], keep: bool = True,
+                 handler: Handler = reraise_exception, **renames: str):
+        self.source_datapipe = source_datapipe
+        self.renames = renames
+        self.keep = keep
+        self.handler = handler
+
+    def _convert(self, sample: dict) -> dict:
+        renamed = {new: pick_field(sample, old) for new, old in self.renames.items()}
+        if self.keep:
+            used = {name for old in self.renames.values() for name in old.split(";")}
+            out = {k: v for k, v in sample.items() if k not in used}
+        else:
+            out = {k: sample[k] for k in ("__key__", "__url__") if k in sample}
+        out.update(renamed)
+        return out
+
+
+@functional_datapipe("map_fields")
+class FieldMapper(_PerSample):
+    """Yields each sample with ``fn`` applied to its named fields, ``map_fields(jpg=fn)`` (functional name: ``map_fields``).
+
+    A missing field or a failing function is an error given to ``handler``.
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[dict], handler: Handler = reraise_exception,
+                 **functions: Callable[[Any], Any]):
+        self.source_datapipe = source_datapipe
+        self.functions = functions
+        self.handler = handler
+
+    def _convert(self, sample: dict) -> dict:
+        out = dict(sample)
+        for name, fn in self.functions.items():
+            out[name] = fn(pick_field(sample, name))
+        return out
