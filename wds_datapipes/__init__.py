@@ -5,6 +5,7 @@ Importing this package registers the functional names: ``list_shards``, ``load_t
 ``rename_keys``, ``map_fields``.
 """
 
+from . import dataloader2_fix
 from .batching import Batcher, collate
 from .decoding import Decoder
 from .errors import (
@@ -22,6 +23,8 @@ from .openers import open_shard, register_opener
 from .shard_listing import ShardListBase, ShardLister
 from .shuffling import Shuffler
 from .tar_loader import TarLoader
+
+dataloader2_fix.install()
 
 __all__ = [
     "Batcher",

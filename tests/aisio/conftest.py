@@ -1,0 +1,95 @@
+"""A real AIStore cluster for the tests in this folder.
+
+With ``AIS_ENDPOINT`` set, the tests use that cluster. Otherwise the session starts the
+local cluster of :mod:`aisio.cluster` (1 proxy + 2 targets on 127.0.0.1; building aisnode
+first if it is missing) and stops it at the end; one already started with
+``python -m aisio.cluster start`` is used and left running. Where no cluster can be had
+the tests skip with the reason, except under CI (``CI`` set), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+from ais_helpers import make_samples, write_shards
+
+from aisio.client import ENDPOINT_ENV, get_client
+from aisio.cluster import ClusterError, LocalCluster, ensure_aisnode
+
+IN_CI = bool(os.environ.get("CI"))
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "ais_endpoint" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ais)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/health", timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _no_cluster(reason: str):
+    if IN_CI:
+        pytest.fail(f"AIStore tests must run in CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def ais_endpoint():
+    """The endpoint of a healthy cluster; ``$AIS_ENDPOINT`` points at it for the session."""
+    given = os.environ.get(ENDPOINT_ENV)
+    if given:
+        if not _healthy(given):
+            pytest.fail(f"AIS_ENDPOINT={given} does not answer GET /v1/health with 200", pytrace=False)
+        yield given.rstrip("/")
+        return
+    started = None
+    cluster = LocalCluster.running()
+    if cluster is None:
+        try:
+            ensure_aisnode()
+        except ClusterError as exn:
+            _no_cluster(f"no aisnode binary and none can be built: {exn}")
+        try:
+            cluster = started = LocalCluster.start()
+        except ClusterError as exn:
+            _no_cluster(f"the local AIStore cluster did not start: {exn}")
+    os.environ[ENDPOINT_ENV] = cluster.endpoint
+    try:
+        yield cluster.endpoint
+    finally:
+        os.environ.pop(ENDPOINT_ENV, None)
+        if started is not None:
+            started.stop(verbose=False)
+
+
+@pytest.fixture
+def bucket(ais_endpoint):
+    """A fresh, empty bucket (its name), deleted after the test."""
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    bck = get_client().bucket(name).create(exist_ok=False)
+    yield name
+    bck.delete(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def dataset(ais_endpoint, tmp_path_factory):
+    """Six shards of 12 samples in a session bucket: (bucket name, local shard paths, samples)."""
+    from aisio import ShardUploader
+
+    name = f"data-{uuid.uuid4().hex[:10]}"
+    local = tmp_path_factory.mktemp("shards")
+    samples = make_samples(72, seed=1)
+    uploader = ShardUploader(f"ais://{name}/", remove=False)
+    paths = write_shards(local, samples, per_shard=12, post=uploader)
+    yield name, paths, samples
+    get_client().bucket(name).delete(missing_ok=True)

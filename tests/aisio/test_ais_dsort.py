@@ -1,0 +1,46 @@
+"""Shuffling samples across shards on the cluster with dSort."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from aisio import AISSourceLister, DsortError, dsort_shuffle
+from aisio.client import get_client
+
+
+@pytest.fixture
+def out_bucket(ais_endpoint):
+    name = f"dsort-{uuid.uuid4().hex[:10]}"
+    yield name
+    get_client().bucket(name).delete(missing_ok=True)
+
+
+def test_dsort_output_holds_every_input_sample_whole_in_a_new_order(dataset, out_bucket):
+    bucket, paths, samples = dataset
+    outputs = dsort_shuffle(
+        f"ais://{bucket}/train-{{000000..{len(paths) - 1:06d}}}.tar",
+        f"ais://{out_bucket}/shuffled-{{0000..9999}}.tar",
+        output_shard_size="300KiB",
+        seed=11,
+        timeout=120,
+    )
+    assert len(outputs) > 1 and outputs == sorted(outputs)
+    assert all(u.startswith(f"ais://{out_bucket}/shuffled-") for u in outputs)
+    got = list(AISSourceLister(outputs).load_tar().group_by_key())
+    by_key = {s["__key__"]: {k: v for k, v in s.items() if k != "__url__"} for s in got}
+    assert len(by_key) == len(got) == len(samples)  # no sample lost, split or repeated
+    assert by_key == {s["__key__"]: s for s in samples}  # each whole: all its files, same bytes
+    assert [s["__key__"] for s in got] != [s["__key__"] for s in samples]
+
+
+def test_dsort_refuses_to_mix_with_existing_outputs_unless_told(dataset, out_bucket):
+    bucket = dataset[0]
+    args = (f"ais://{bucket}/train-{{000000..000001}}.tar", f"ais://{out_bucket}/s-{{000..999}}.tar")
+    first = dsort_shuffle(*args, output_shard_size="1MiB", timeout=120)
+    with pytest.raises(DsortError, match="already match"):
+        dsort_shuffle(*args, output_shard_size="1MiB", timeout=120)
+    again = dsort_shuffle(*args, output_shard_size="1MiB", timeout=120, overwrite=True)
+    assert len(again) == len(first)
+    assert sum(1 for _ in AISSourceLister(again).load_tar().group_by_key()) == 24
