@@ -40,9 +40,9 @@ _NO_ANSWER = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError
 class AISReadError(ShardOpenError):
     """An object's stream broke and could not be resumed (its url, and the byte offset reached)."""
 
-    def __init__(self, url: str, offset: int, reason: str):
+    def __init__(self, url: str, offset: int | None = None, reason: str | None = None):
         self.offset = offset
-        super().__init__(url, f"at byte {offset}: {reason}")
+        super().__init__(url, f"at byte {offset}: {reason}" if reason is not None else None)
 
 
 def server_message(exn: AISError) -> str:

@@ -1,11 +1,12 @@
 """Stream WebDataset tar shards into PyTorch through registered DataPipes.
 
 Importing this package registers the functional names: ``list_shards``, ``load_tar``,
-``group_by_key``, ``decode``, ``shuffle_samples``, ``batch_samples``, ``to_tuple``,
+``group_by_key``, ``decode``, ``decode_batches``, ``shuffle_samples``, ``batch_samples``, ``to_tuple``,
 ``rename_keys``, ``map_fields``.
 """
 
 from . import dataloader2_fix
+from .batch_decoding import BatchDecoder
 from .batching import Batcher, collate
 from .decoding import Decoder
 from .errors import (
@@ -27,6 +28,7 @@ from .tar_loader import TarLoader
 dataloader2_fix.install()
 
 __all__ = [
+    "BatchDecoder",
     "Batcher",
     "DecodeError",
     "Decoder",

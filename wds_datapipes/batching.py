@@ -15,7 +15,8 @@ def collate(items: Sequence[Any]) -> Any:
     """One batch value from the same field of several samples.
 
     Tensors or arrays of one shape and dtype stack into a tensor (arrays become tensors);
-    ints, floats and bools become a 1-d tensor; dicts and tuples collate field by field;
+    ints, floats and bools (also numpy scalars) become a 1-d tensor, dtypes as torch's
+    ``default_collate`` gives them (int64, float64, bool); dicts and tuples collate field by field;
     anything else (strings, bytes, ragged shapes) stays a list.
     """
     first = items[0]
@@ -27,13 +28,11 @@ def collate(items: Sequence[Any]) -> Any:
         if all(isinstance(x, np.ndarray) and x.shape == first.shape and x.dtype == first.dtype for x in items):
             return _fill(items, first.shape, identity=True)
         return list(items)
-    if isinstance(first, (bool, Number)) and not isinstance(first, complex):
-        kinds = {type(x) for x in items}
-        if kinds <= {bool} or kinds <= {int, np.integer} or all(isinstance(x, (int, float)) for x in items):
-            try:
-                return torch.tensor(items)
-            except (TypeError, ValueError, RuntimeError):
-                return list(items)
+    if isinstance(first, (bool, np.bool_, Number)) and not isinstance(first, (complex, np.complexfloating)):
+        if all(isinstance(x, (bool, np.bool_, int, float, np.integer, np.floating)) for x in items):
+            # Through numpy, so dtypes follow default_collate: int64, float64, bool, and
+            # numpy scalars keep theirs.
+            return torch.from_numpy(np.asarray(items))
         return list(items)
     if isinstance(first, dict):
         if all(isinstance(x, dict) and x.keys() == first.keys() for x in items):
@@ -58,7 +57,7 @@ def stack_tensors(items: Sequence[torch.Tensor]) -> torch.Tensor:
     first = items[0]
     order = sorted(range(first.dim()), key=lambda d: -first.stride(d))  # outermost dimension first
     plain = first.device.type == "cpu" and not first.requires_grad and first.dtype != torch.bfloat16
-    if not plain or any(x.stride() != first.stride() for x in items):
+    if not plain or any(x.stride() != first.stride() or x.is_conj() or x.is_neg() for x in items):
         return torch.stack(list(items))
     layout = tuple(first.shape[d] for d in order)
     batch = _fill([x.permute(order) for x in items], layout)

@@ -40,6 +40,8 @@ __all__ = [
     "Decoder",
     "SampleDecoder",
     "decode_image",
+    "decode_jpeg_into",
+    "jpeg_into_buffer_shape",
 ]
 
 # What Pillow opens, as listed by webdataset.autodecode.IMAGE_EXTENSIONS.
@@ -155,6 +157,25 @@ def _jpeg_pixels(data: bytes, mode: str) -> np.ndarray | None:
         return np.asarray(PIL.Image.fromarray(simplejpeg.decode_jpeg(data, "RGB")).convert("L"))
     except ValueError:  # anything simplejpeg rejects (corrupt, truncated, odd layout): Pillow decides
         return None
+
+
+def jpeg_into_buffer_shape(data: bytes, mode: str) -> tuple[int, int, int] | None:
+    """(height, width, channels) if ``data`` decodes in ``mode`` by :func:`decode_jpeg_into`
+    with Pillow's exact pixels (the conditions of ``_jpeg_pixels``), else None."""
+    if simplejpeg is None or mode not in ("RGB", "RGBA") or not data.startswith(b"\xff\xd8"):
+        return None
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    if colorspace not in ("YCbCr", "Gray") or _too_big_for_pillow(height * width):
+        return None
+    return height, width, len(mode)
+
+
+def decode_jpeg_into(data: bytes, mode: str, out: np.ndarray) -> None:
+    """Decode a JPEG that :func:`jpeg_into_buffer_shape` accepted straight into ``out`` (HxWxC uint8)."""
+    simplejpeg.decode_jpeg(data, mode, buffer=out)
 
 
 def _too_big_for_pillow(pixels: int) -> bool:

@@ -1,29 +1,48 @@
-"""Exceptions raised by wds_datapipes; each names the shard, the member and the offset."""
+"""Exceptions raised by wds_datapipes; each names the shard, the member or sample, and the offset.
+
+Each one pickles with its attributes (errors cross process boundaries under DataLoader2),
+and each can be built from one ready message: torch's loaders re-raise a worker's error
+as ``type(message)``, and this keeps it our type there (its attributes are then None).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class WdsError(Exception):
     """Base class of every error this library raises about data or configuration."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type[WdsError], args: tuple, state: dict) -> WdsError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class ShardOpenError(WdsError):
     """A shard URL could not be opened (missing file, unknown scheme, failed command)."""
 
-    def __init__(self, url: str, reason: str):
-        self.url = url
+    def __init__(self, url: str, reason: str | None = None):
+        self.url = url if reason is not None else None
         self.reason = reason
-        super().__init__(f"cannot open shard {url!r}: {reason}")
+        super().__init__(f"cannot open shard {url!r}: {reason}" if reason is not None else url)
 
 
 class ShardFormatError(WdsError):
     """A shard's bytes are not a valid (possibly gzipped) tar archive: truncated or corrupt."""
 
-    def __init__(self, url: str, member: str | None, offset: int, reason: str):
-        self.url = url
-        self.member = member
-        self.offset = offset
-        self.reason = reason
+    def __init__(self, url: str, member: str | None = None, offset: int | None = None, reason: str | None = None):
+        if reason is None:  # one ready message
+            self.url = self.member = self.offset = None
+            self.reason = None
+            super().__init__(url)
+            return
+        self.url, self.member, self.offset, self.reason = url, member, offset, reason
         where = f", member {member!r}," if member is not None else ""
         super().__init__(f"shard {url!r}{where} at byte {offset}: {reason}")
 
@@ -31,11 +50,12 @@ class ShardFormatError(WdsError):
 class SampleError(WdsError):
     """A sample cannot be assembled or converted (e.g. a suffix repeated within one key)."""
 
-    def __init__(self, url: str, key: str, reason: str, member: str | None = None):
-        self.url = url
-        self.key = key
-        self.member = member
-        self.reason = reason
+    def __init__(self, url: str, key: str | None = None, reason: str | None = None, member: str | None = None):
+        if reason is None:  # one ready message
+            self.url = self.key = self.member = self.reason = None
+            super().__init__(url)
+            return
+        self.url, self.key, self.member, self.reason = url, key, member, reason
         where = f", member {member!r}" if member is not None else ""
         super().__init__(f"shard {url!r}, sample {key!r}{where}: {reason}")
 
@@ -43,8 +63,11 @@ class SampleError(WdsError):
 class DecodeError(SampleError):
     """A field of a sample could not be decoded."""
 
-    def __init__(self, url: str, key: str, field: str, reason: str):
+    def __init__(self, url: str, key: str | None = None, field: str | None = None, reason: str | None = None):
         self.field = field
+        if reason is None:  # one ready message
+            super().__init__(url)
+            return
         super().__init__(url, key, f"field {field!r}: {reason}")
 
 

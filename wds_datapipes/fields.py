@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
@@ -35,11 +35,12 @@ class _PerSample(IterDataPipe):
             except SampleError as exn:
                 if not self.handler(exn):
                     raise
-            except Exception as exn:
+            except Exception as exn:  # noqa: BLE001 - a user function may raise anything: name the sample
                 error = SampleError(sample.get("__url__", "?"), sample.get("__key__", "?"),
                                     f"{type(self).__name__}: {type(exn).__name__}: {exn}")
+                error.__cause__ = exn  # set before the handler, which may raise it
                 if not self.handler(error):
-                    raise error from exn
+                    raise error
 
 
 @functional_datapipe("to_tuple")
@@ -63,15 +64,17 @@ class TupleMaker(_PerSample):
 
 @functional_datapipe("rename_keys")
 class KeyRenamer(_PerSample):
-    """Yields each sample with fields renamed, ``new="old;alternative"`` (functional name: ``rename_keys``).
+    """Yields each sample with fields renamed, ``{new: "old;alternative"}`` (functional name: ``rename_keys``).
 
+    Renames come as a dict (``rename_keys({"image": "jpg;png", "cls": "label"})``: field
+    names such as ``cls``, ``keep`` or ``handler`` cannot be keywords here) or as keywords.
     With ``keep=False`` only the renamed fields and ``__key__``/``__url__`` remain.
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[dict], keep: bool = True,
-                 handler: Handler = reraise_exception, **renames: str):
+    def __init__(self, source_datapipe: IterDataPipe[dict], renames: Mapping[str, str] | None = None,
+                 keep: bool = True, handler: Handler = reraise_exception, **more_renames: str):
         self.source_datapipe = source_datapipe
-        self.renames = renames
+        self.renames = {**(renames or {}), **more_renames}
         self.keep = keep
         self.handler = handler
 
@@ -88,15 +91,17 @@ class KeyRenamer(_PerSample):
 
 @functional_datapipe("map_fields")
 class FieldMapper(_PerSample):
-    """Yields each sample with ``fn`` applied to its named fields, ``map_fields(jpg=fn)`` (functional name: ``map_fields``).
+    """Yields each sample with a function applied to each named field (functional name: ``map_fields``).
 
-    A missing field or a failing function is an error given to ``handler``.
+    Functions come as a dict (``map_fields({"cls": int, "jpg": fn})``: ``cls`` cannot be a
+    keyword of a torch functional form) or as keywords (``map_fields(jpg=fn)``). A missing
+    field or a failing function is an error given to ``handler``.
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[dict], handler: Handler = reraise_exception,
-                 **functions: Callable[[Any], Any]):
+    def __init__(self, source_datapipe: IterDataPipe[dict], functions: Mapping[str, Callable[[Any], Any]] | None = None,
+                 handler: Handler = reraise_exception, **more_functions: Callable[[Any], Any]):
         self.source_datapipe = source_datapipe
-        self.functions = functions
+        self.functions = {**(functions or {}), **more_functions}
         self.handler = handler
 
     def _convert(self, sample: dict) -> dict:

@@ -39,11 +39,12 @@ def resolve_local(url: str) -> list[str]:
     if url_scheme(url) != "file":
         return [url]
     path = local_path(url)
+    prefix = url[: len(url) - len(path)]  # "file://" stays on what it expands to
     if _GLOB_CHARS.intersection(path):
-        return sorted(glob.glob(path))
+        return [prefix + match for match in sorted(glob.glob(path))]
     if os.path.isdir(path):
         names = sorted(n for n in os.listdir(path) if n.endswith(SHARD_SUFFIXES))
-        return [os.path.join(path, n) for n in names]
+        return [prefix + os.path.join(path, n) for n in names]
     return [url]
 
 

@@ -26,7 +26,7 @@ class Shuffler(IterDataPipe[T]):
         bufsize: how many items are held and drawn from at random.
         initial: how many items to hold before the first one is yielded (at most
             ``bufsize``); smaller starts faster but shuffles the first items less.
-        seed: the user's seed; None draws a fresh one for each run.
+        seed: the user's seed. With neither it nor a loader's seed, each run differs.
 
     Example:
         >>> samples.shuffle_samples(bufsize=1000, seed=0)
@@ -39,8 +39,10 @@ class Shuffler(IterDataPipe[T]):
         self.source_datapipe = source_datapipe
         self.bufsize = bufsize
         self.initial = max(1, min(initial, bufsize))
-        self.seed = seed if seed is not None else random.getrandbits(64)
+        self.seed = seed
         self.loader_seed: int | None = None
+        # Drawn once here: used only when neither the user nor a loader gives a seed.
+        self._fallback_seed = random.getrandbits(64)
         self.epoch = 0
 
     def set_seed(self, seed: int) -> Shuffler[T]:
@@ -48,7 +50,8 @@ class Shuffler(IterDataPipe[T]):
         return self
 
     def __iter__(self) -> Iterator[T]:
-        rng = epoch_rng(self.seed, self.loader_seed, self.epoch, *worker_and_rank())
+        fallback = self._fallback_seed if self.seed is None and self.loader_seed is None else None
+        rng = epoch_rng(self.seed, self.loader_seed, fallback, self.epoch, *worker_and_rank())
         self.epoch += 1
         buf: list[T] = []
         source = iter(self.source_datapipe)

@@ -54,13 +54,26 @@ class TarLoader(IterDataPipe[tuple[str, str, bytes]]):
                     continue
                 raise
             try:
-                yield url, self._guarded(iter_tar_members(stream, url))
+                yield url, self._guarded(stream, url)
             finally:
-                stream.close()
+                self._close(stream)
 
-    def _guarded(self, members: Iterator[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
+    def _close(self, stream) -> None:
         try:
-            yield from members
+            stream.close()  # a pipe: command's exit status is checked here
         except WdsError as exn:
             if not self.handler(exn):
                 raise
+
+    def _guarded(self, stream, url: str) -> Iterator[tuple[str, bytes]]:
+        try:
+            yield from iter_tar_members(stream, url)
+        except WdsError as exn:
+            error = exn
+            try:
+                stream.close()
+            except WdsError as closing:  # a failed pipe: command explains a short stream best
+                closing.__context__ = exn
+                error = closing
+            if not self.handler(error):
+                raise error from None

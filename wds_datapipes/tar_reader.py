@@ -159,13 +159,26 @@ def iter_tar_members(stream: BinaryIO, url: str, chunk_size: int = CHUNK) -> Ite
 
     Directories, links and other non-files are skipped. A truncated or corrupt archive
     raises :class:`ShardFormatError` naming ``url``, the member and the byte offset (in
-    the uncompressed tar).
+    the uncompressed tar). Unlike ``tarfile``, a stream that stops without tar's
+    end-of-archive block counts as truncated: a cut at a block boundary would otherwise
+    drop the rest of the shard unnoticed.
     """
     reader = _BlockReader(_readinto_of(stream), chunk_size)
     if reader.fill(0, 2) >= 2 and reader.buf[:2] == _GZIP_MAGIC:
         head = bytes(reader.view[: reader.end])
         reader = _BlockReader(_Inflater(url, head, stream.read).readinto, chunk_size)
     return _members(reader, url)
+
+
+def _fill(reader: _BlockReader, pos: int, need: int, url: str, member: str | None, offset: int | None = None) -> int:
+    """``reader.fill``, with a gzip error restated for the tar member and offset being read."""
+    try:
+        return reader.fill(pos, need)
+    except ShardFormatError as exn:
+        if exn.member is not None:
+            raise
+        at = reader.base + pos if offset is None else offset
+        raise ShardFormatError(url, member, at, f"{exn.reason} (compressed byte {exn.offset})") from None
 
 
 class _BlockReader:
@@ -219,10 +232,14 @@ def _members(reader: _BlockReader, url: str) -> Iterator[tuple[str, bytes]]:
     verified_pax: dict[bytes, int] = {}
     while True:
         if reader.end - pos < BLOCK:
-            if reader.fill(pos, BLOCK) == 0:
-                return  # end of stream on a block boundary: tarfile accepts it too
+            available = _fill(reader, pos, BLOCK, url, member)
             pos, buf, view = 0, reader.buf, reader.view
-            if reader.end < BLOCK:
+            if available == 0:
+                # tarfile accepts this; we do not: a shard cut at a block boundary would
+                # otherwise lose its remaining members without a word.
+                raise ShardFormatError(url, member, reader.base, "truncated: the stream ends before "
+                                       "tar's end-of-archive block")
+            if available < BLOCK:
                 raise ShardFormatError(url, member, reader.base, "truncated tar header")
         if buf[pos] == 0 and view[pos : pos + BLOCK] == _ZERO_BLOCK:
             return
@@ -252,10 +269,10 @@ def _members(reader: _BlockReader, url: str) -> Iterator[tuple[str, bytes]]:
         start = pos + BLOCK
         if reader.end - start < size:
             header = bytes(view[pos:start])
-            available = reader.fill(start, size)
+            name = long_name or pax.get("path") or _text(bytearray(header), 0, 100)
+            available = _fill(reader, start, size, url, name, offset)
             start, buf, view = 0, reader.buf, reader.view
             if available < size:
-                name = long_name or pax.get("path") or _text(bytearray(header), 0, 100)
                 raise ShardFormatError(
                     url, name, offset, f"truncated: member needs {size} bytes, the stream ends after {available}"
                 )

@@ -1,0 +1,36 @@
+"""Shared fixtures for the core tests: shards written into the test's own temp dir."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import webdataset as wds
+
+
+@pytest.fixture
+def make_shards(tmp_path: Path) -> Callable[..., list[str]]:
+    """Writes ``n_shards`` shards of ``n_samples`` samples each with webdataset's TarWriter.
+
+    Keys are unique across shards (``<prefix>-<shard>-<sample>``); each sample has a
+    ``cls`` (its global index) and a ``txt`` field. Returns the shard paths, in order.
+    """
+
+    def make(n_shards: int, n_samples: int, prefix: str = "s", gz: bool = False) -> list[str]:
+        suffix = ".tar.gz" if gz else ".tar"
+        paths = []
+        for shard in range(n_shards):
+            path = tmp_path / f"{prefix}-{shard:03d}{suffix}"
+            with wds.TarWriter(str(path), compress=gz) as writer:
+                for i in range(n_samples):
+                    index = shard * n_samples + i
+                    writer.write({
+                        "__key__": f"{prefix}-{shard:03d}-{i:03d}",
+                        "cls": str(index).encode(),
+                        "txt": f"sample {index} of shard {shard}".encode(),
+                    })
+            paths.append(str(path))
+        return paths
+
+    return make
