@@ -256,6 +256,15 @@ def _members(reader: _BlockReader, url: str) -> Iterator[tuple[str, bytes]]:
                     if len(verified_pax) >= 16:
                         verified_pax.clear()
                     verified_pax[block] = size
+            elif (
+                buf[pos + 154] in _ENDS and buf[pos + 135] in _ENDS
+                and buf[pos + 148 : pos + 154].isdigit() and buf[pos + 124 : pos + 135].isdigit()
+            ) and int(buf[pos + 148 : pos + 154], 8) == (
+                # One adler32 call: its low half is 1 + the block's byte sum mod 65521, exact
+                # below 65521; above, this test fails and _verified_size checks exactly.
+                (zlib.adler32(view[pos : pos + BLOCK]) & 0xFFFF) + 8 * 32 - 1 - sum(view[pos + 148 : pos + 156])
+            ):
+                size = int(buf[pos + 124 : pos + 135], 8)  # fields as tar writes them: "%06o\0 ", "%011o\0"
             else:
                 size = _verified_size(buf, view, pos)
             if "size" in pax:
@@ -286,7 +295,8 @@ def _members(reader: _BlockReader, url: str) -> Iterator[tuple[str, bytes]]:
             elif "path" in pax:
                 name = pax["path"]
             else:
-                name = _text(hdr, hpos, hpos + 100)
+                end = hdr.find(0, hpos, hpos + 100)
+                name = hdr[hpos : hpos + 100 if end < 0 else end].decode("utf-8", "surrogateescape")
                 if hdr[hpos + 257 : hpos + 265] == _POSIX_MAGIC and hdr[hpos + 345] != 0:
                     name = _text(hdr, hpos + 345, hpos + 500) + "/" + name
             pax = {}
