@@ -24,6 +24,7 @@ Python::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -35,8 +36,11 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from .client import ENDPOINT_ENV
 
 AISTORE_MODULE = "github.com/NVIDIA/aistore"
 AISTORE_VERSION = "v1.5.0"
@@ -44,6 +48,7 @@ GO_VERSION = "1.26"
 BUILD_TAGS = "dsort"
 NUM_TARGETS = 2
 HEALTH_TIMEOUT_S = 90.0
+START_ATTEMPTS = 3  # a node that exits during start-up gets new ports and another try
 STOP_TIMEOUT_S = 20.0
 
 
@@ -328,6 +333,20 @@ class LocalCluster:
             say("removing the state of a cluster that no longer runs")
             current.stop(verbose=False)
         binary = ensure_aisnode(verbose)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return cls._start_once(binary, timeout, verbose)
+            except ClusterError as exn:
+                # The free ports are picked, released, then bound by the nodes: another
+                # process can take one meanwhile. New ports and a new folder fix that.
+                if attempt == START_ATTEMPTS or "exited during start-up" not in str(exn):
+                    raise
+                say(f"attempt {attempt} failed ({exn}); trying again with other ports")
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_once(cls, binary: Path, timeout: float, verbose: bool) -> LocalCluster:
+        say = _say if verbose else (lambda msg: None)
         run_dir = Path(tempfile.mkdtemp(prefix="aisio-cluster-", dir=_run_parent()))
         ports = _free_ports(3 * (1 + NUM_TARGETS))
         primary_url = f"http://127.0.0.1:{ports[0]}"
@@ -462,6 +481,27 @@ class LocalCluster:
         if saved is not None and saved.run_dir == self.run_dir:
             self.state_path().unlink(missing_ok=True)
         say(f"stopped {len(alive)} node(s){'' if keep_data else ' and removed ' + self.run_dir}")
+
+
+@contextlib.contextmanager
+def cluster_endpoint(verbose: bool = True) -> Iterator[str]:
+    """The endpoint to work against, for scripts: ``$AIS_ENDPOINT`` if set, else the running
+    local cluster, else a local cluster started here and stopped on exit."""
+    given = os.environ.get(ENDPOINT_ENV)
+    if given:
+        yield given.rstrip("/")
+        return
+    started = None
+    cluster = LocalCluster.running()
+    if cluster is None:
+        cluster = started = LocalCluster.start(verbose=verbose)
+    os.environ[ENDPOINT_ENV] = cluster.endpoint  # worker processes started later inherit it
+    try:
+        yield cluster.endpoint
+    finally:
+        os.environ.pop(ENDPOINT_ENV, None)
+        if started is not None:
+            started.stop(verbose=verbose)
 
 
 def _is_our_aisnode(pid: int, run_dir: str) -> bool:

@@ -35,9 +35,9 @@ import braceexpand
 import webdataset as wds
 from shards import make_jpeg_shards
 
-from aisio import AISSourceLister, get_client, set_endpoint, upload_file
+from aisio import AISSourceLister, get_client, upload_file
 from aisio.client import endpoint
-from aisio.cluster import LocalCluster
+from aisio.cluster import cluster_endpoint
 from wds_datapipes import ShardLister
 
 BUCKET = "bench-ais"
@@ -69,52 +69,48 @@ def main() -> None:
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-bench"))
     args = parser.parse_args()
 
-    started_here = None
-    if not os.environ.get("AIS_ENDPOINT"):
-        cluster = LocalCluster.running()
-        if cluster is None:
-            cluster = started_here = LocalCluster.start()
-        set_endpoint(cluster.endpoint)
-    try:
-        spec = make_jpeg_shards(args.data, shards=args.shards, per_shard=args.per_shard)
-        files = list(braceexpand.braceexpand(spec))
-        client = get_client()
-        client.bucket(BUCKET).delete(missing_ok=True)
-        client.bucket(BUCKET).create(exist_ok=True)
-        t = time.perf_counter()
-        for path in files:
-            upload_file(path, f"ais://{BUCKET}/{os.path.basename(path)}")
-        total_mb = sum(os.path.getsize(p) for p in files) / 1e6
-        print(f"uploaded {len(files)} shards ({total_mb:.0f} MB) to ais://{BUCKET} on {endpoint()} "
-              f"in {time.perf_counter() - t:.1f} s")
-        http = [f"{endpoint()}/v1/objects/{BUCKET}/{os.path.basename(p)}?provider=ais" for p in files]
+    with cluster_endpoint():
+        run(args)
 
-        def webdataset_reader(urls):
-            return lambda: wds.WebDataset(urls, shardshuffle=False, empty_check=False)
 
-        rows = [
-            ("ours, local disk", lambda: ShardLister(files).load_tar().group_by_key()),
-            ("ours, AIS (ais://)", lambda: AISSourceLister(f"ais://{BUCKET}/").load_tar().group_by_key()),
-            ("ours, AIS over HTTP (urllib)", lambda: ShardLister(http).load_tar().group_by_key()),
-            ("webdataset, local disk", webdataset_reader(files)),
-            ("webdataset, AIS over HTTP (curl)", webdataset_reader(http)),
-        ]
-        results = []
-        for name, make in rows:
-            seconds, n, nbytes = _best(make, args.repeats)
-            results.append((name, n / seconds, nbytes / seconds / 1e6))
-        base = results[0][1]
-        print(f"\n{'reader':34} {'samples/s':>10} {'MB/s':>8} {'vs ours-local':>14}")
-        for name, rate, mbps in results:
-            print(f"{name:34} {rate:10.0f} {mbps:8.1f} {rate / base:13.2f}x")
-        rate = {name: r for name, r, _ in results}
-        print(f"\nAIS / local disk (ours): {rate['ours, AIS (ais://)'] / rate['ours, local disk']:.2f}; "
-              f"ours (ais://) / webdataset (HTTP) from AIS: "
-              f"{rate['ours, AIS (ais://)'] / rate['webdataset, AIS over HTTP (curl)']:.2f}")
-        client.bucket(BUCKET).delete(missing_ok=True)
-    finally:
-        if started_here is not None:
-            started_here.stop()
+def run(args: argparse.Namespace) -> None:
+    """Writes the shards, uploads them, and times each reader."""
+    spec = make_jpeg_shards(args.data, shards=args.shards, per_shard=args.per_shard)
+    files = list(braceexpand.braceexpand(spec))
+    client = get_client()
+    client.bucket(BUCKET).delete(missing_ok=True)
+    client.bucket(BUCKET).create(exist_ok=True)
+    t = time.perf_counter()
+    for path in files:
+        upload_file(path, f"ais://{BUCKET}/{os.path.basename(path)}")
+    total_mb = sum(os.path.getsize(p) for p in files) / 1e6
+    print(f"uploaded {len(files)} shards ({total_mb:.0f} MB) to ais://{BUCKET} on {endpoint()} "
+          f"in {time.perf_counter() - t:.1f} s")
+    http = [f"{endpoint()}/v1/objects/{BUCKET}/{os.path.basename(p)}?provider=ais" for p in files]
+
+    def webdataset_reader(urls):
+        return lambda: wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+
+    rows = [
+        ("ours, local disk", lambda: ShardLister(files).load_tar().group_by_key()),
+        ("ours, AIS (ais://)", lambda: AISSourceLister(f"ais://{BUCKET}/").load_tar().group_by_key()),
+        ("ours, AIS over HTTP (urllib)", lambda: ShardLister(http).load_tar().group_by_key()),
+        ("webdataset, local disk", webdataset_reader(files)),
+        ("webdataset, AIS over HTTP (curl)", webdataset_reader(http)),
+    ]
+    results = []
+    for name, make in rows:
+        seconds, n, nbytes = _best(make, args.repeats)
+        results.append((name, n / seconds, nbytes / seconds / 1e6))
+    base = results[0][1]
+    print(f"\n{'reader':34} {'samples/s':>10} {'MB/s':>8} {'vs ours-local':>14}")
+    for name, rate, mbps in results:
+        print(f"{name:34} {rate:10.0f} {mbps:8.1f} {rate / base:13.2f}x")
+    rate = {name: r for name, r, _ in results}
+    print(f"\nAIS / local disk (ours): {rate['ours, AIS (ais://)'] / rate['ours, local disk']:.2f}; "
+          f"ours (ais://) / webdataset (HTTP) from AIS: "
+          f"{rate['ours, AIS (ais://)'] / rate['webdataset, AIS over HTTP (curl)']:.2f}")
+    client.bucket(BUCKET).delete(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ from PIL import Image
 from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
 
 import wds_datapipes  # noqa: F401 - registers load_tar, group_by_key, decode, ...
-from aisio import AISSourceLister, ShardUploader, dsort_shuffle, get_client, set_endpoint
-from aisio.cluster import LocalCluster
+from aisio import AISSourceLister, ShardUploader, dsort_shuffle, get_client
+from aisio.cluster import cluster_endpoint
 
 RAW_BUCKET = "digits-raw"
 SHUFFLED_BUCKET = "digits-shuffled"
@@ -63,17 +63,10 @@ def to_example(sample: dict) -> tuple[torch.Tensor, int]:
 
 
 def make_pipe(shards_url: str):
-    """Step 3's input pipeline: list, shuffle shards per pass, stream, group, decode, batch.
-
-    Each worker streams its share of the shards endlessly (``cycle``: every pass reshuffles
-    the shard order) and the training loop takes a fixed number of batches per epoch, as
-    webdataset's ``with_epoch`` does. Reason: torchdata 0.8's DataLoader2 breaks ("Can not
-    expect any response without submitted request") when its workers yield different
-    numbers of items, which workers reading whole shards of unequal sizes do.
-    """
+    """Step 3's input pipeline: list and shuffle shards (a new order each epoch), stream,
+    group, shuffle samples, decode, batch. Each worker reads whole, distinct shards."""
     return (
         AISSourceLister(shards_url, shuffle=True)
-        .cycle()
         .load_tar()
         .group_by_key()
         .shuffle_samples(bufsize=500)
@@ -83,7 +76,7 @@ def make_pipe(shards_url: str):
     )
 
 
-def train(shards_url: str, epochs: int, workers: int, batches_per_epoch: int) -> float:
+def train(shards_url: str, epochs: int, workers: int) -> float:
     """Step 3: a softmax classifier trained from the streamed shards; returns the last epoch's accuracy."""
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 10)
@@ -94,9 +87,7 @@ def train(shards_url: str, epochs: int, workers: int, batches_per_epoch: int) ->
         loader.seed(0)
         for epoch in range(epochs):
             started, seen, correct, total_loss = time.perf_counter(), 0, 0, 0.0
-            for step, (images, labels) in enumerate(loader):
-                if step == batches_per_epoch:
-                    break
+            for images, labels in loader:
                 logits = model(images)
                 loss = torch.nn.functional.cross_entropy(logits, labels)
                 optimizer.zero_grad()
@@ -120,13 +111,7 @@ def main() -> None:
     parser.add_argument("--samples-per-shard", type=int, default=200)
     args = parser.parse_args()
 
-    started_here = None
-    if not os.environ.get("AIS_ENDPOINT"):
-        cluster = LocalCluster.running()
-        if cluster is None:
-            cluster = started_here = LocalCluster.start()
-        set_endpoint(cluster.endpoint)
-    try:
+    with cluster_endpoint():
         client = get_client()
         for name in (RAW_BUCKET, SHUFFLED_BUCKET):
             client.bucket(name).delete(missing_ok=True)
@@ -146,12 +131,8 @@ def main() -> None:
               f"in {time.perf_counter() - t:.1f} s")
 
         print(f"3. training from ais://{SHUFFLED_BUCKET} with {args.workers} DataLoader2 workers")
-        accuracy = train(f"ais://{SHUFFLED_BUCKET}/shuffled-", args.epochs, args.workers,
-                         batches_per_epoch=(1797 + BATCH_SIZE - 1) // BATCH_SIZE)
+        accuracy = train(f"ais://{SHUFFLED_BUCKET}/shuffled-", args.epochs, args.workers)
         print(f"done: train accuracy {accuracy:.3f}")
-    finally:
-        if started_here is not None:
-            started_here.stop()
 
 
 if __name__ == "__main__":
