@@ -11,10 +11,10 @@ INSTALLED := $(VENV)/.installed
 
 setup: $(INSTALLED)
 
-$(INSTALLED): pyproject.toml
+$(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(INSTALLED)
 
 # The main job: digits -> shards -> DataLoader2 (2 workers) -> a small CNN.

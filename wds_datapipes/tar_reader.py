@@ -199,7 +199,8 @@ class _BlockReader:
         """
         keep = self.end - pos
         if keep < 0:
-            keep = self._skip(-keep)
+            self._skip(-keep)
+            keep = 0
         else:
             self.view[:keep] = self.view[pos : self.end]
         self.base += pos
@@ -214,13 +215,13 @@ class _BlockReader:
             self.end += n
         return self.end
 
-    def _skip(self, count: int) -> int:
+    def _skip(self, count: int) -> None:
+        """Reads and drops ``count`` bytes (fewer at the end of the stream)."""
         while count > 0:
             n = self.readinto(self.view[: min(count, len(self.buf))])
             if not n:
-                return 0
+                return
             count -= n
-        return 0
 
 
 def _members(reader: _BlockReader, url: str) -> Iterator[tuple[str, bytes]]:
@@ -248,7 +249,8 @@ def _members(reader: _BlockReader, url: str) -> Iterator[tuple[str, bytes]]:
         try:
             if flag == _PAX_HEADER:
                 # Writers repeat the same few PAX header blocks (only the record length
-                # varies): a verified block is not checked again (~12% of the raw rate).
+                # varies): a verified block is not checked again (1.2x the raw rate on
+                # webdataset-written shards, which have one before every member).
                 block = bytes(view[pos : pos + BLOCK])
                 size = verified_pax.get(block, -1)
                 if size < 0:
@@ -285,8 +287,7 @@ def _members(reader: _BlockReader, url: str) -> Iterator[tuple[str, bytes]]:
                 raise ShardFormatError(
                     url, name, offset, f"truncated: member needs {size} bytes, the stream ends after {available}"
                 )
-            pos = -BLOCK  # the header now lies before the buffer; its fields were read above
-            hdr, hpos = bytearray(header), 0
+            hdr, hpos = bytearray(header), 0  # the header now lies before the buffer
         else:
             hdr, hpos = buf, pos
         if flag in _REGULAR:
