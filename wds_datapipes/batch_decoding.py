@@ -22,10 +22,11 @@ from .decoding import (
 )
 from .errors import DecodeError
 from .handlers import Handler, reraise_exception
+from .pipe_base import Pipe
 
 
 @functional_datapipe("decode_batches")
-class BatchDecoder(IterDataPipe[dict]):
+class BatchDecoder(Pipe[dict]):
     """Yields batches of ``batch_size`` samples, decoded and collated (functional name: ``decode_batches``).
 
     The result equals ``decode(*specs, ...).batch_samples(batch_size)`` on dict samples: a

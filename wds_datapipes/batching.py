@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterDataPipe, functional_datapipe
 
+from .pipe_base import Pipe
+
 
 def collate(items: Sequence[Any]) -> Any:
     """One batch value from the same field of several samples.
@@ -78,7 +80,7 @@ def _fill(items: Sequence[Any], shape: tuple[int, ...], identity: bool = False) 
 
 
 @functional_datapipe("batch_samples")
-class Batcher(IterDataPipe):
+class Batcher(Pipe):
     """Yields batches of ``batch_size`` samples, collated (functional name: ``batch_samples``).
 
     Dict samples give a dict of batched fields, tuples a tuple; tensors, arrays and

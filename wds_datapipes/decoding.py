@@ -28,6 +28,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .errors import DecodeError
 from .handlers import Handler, reraise_exception
+from .pipe_base import Pipe
 
 try:
     import simplejpeg
@@ -396,7 +397,7 @@ class SampleDecoder:
 
 
 @functional_datapipe("decode")
-class Decoder(IterDataPipe[dict]):
+class Decoder(Pipe[dict]):
     """Yields each sample dict with its fields decoded (functional name: ``decode``).
 
     Fields are decoded by :class:`SampleDecoder`'s rules: the specs given here first, then

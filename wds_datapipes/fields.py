@@ -9,6 +9,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .errors import SampleError
 from .handlers import Handler, reraise_exception
+from .pipe_base import Pipe
 
 
 def pick_field(sample: dict, alternatives: str) -> Any:
@@ -19,7 +20,7 @@ def pick_field(sample: dict, alternatives: str) -> Any:
     raise KeyError(f"none of the fields {alternatives!r} (sample has {sorted(sample)})")
 
 
-class _PerSample(IterDataPipe):
+class _PerSample(Pipe):
     """Applies ``self._convert`` to each sample; a failure goes to the handler, which may skip it."""
 
     source_datapipe: IterDataPipe

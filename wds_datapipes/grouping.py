@@ -12,6 +12,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .errors import SampleError
 from .handlers import Handler, reraise_exception
+from .pipe_base import Pipe
 from .tar_loader import TarLoader
 
 # webdataset's key rule, used where the fast split below does not apply.
@@ -37,7 +38,7 @@ def split_key(name: str) -> tuple[str, str] | None:
 
 
 @functional_datapipe("group_by_key")
-class WebDatasetGrouper(IterDataPipe[dict]):
+class WebDatasetGrouper(Pipe[dict]):
     """Yields one sample dict per run of members sharing a key (functional name: ``group_by_key``).
 
     A sample is ``{"__key__": key, "__url__": shard url, suffix: bytes, ...}``, as

@@ -13,6 +13,7 @@ from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 
 from .errors import NoShardsError
 from .openers import local_path, url_scheme
+from .pipe_base import Pipe
 from .seeding import epoch_rng
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -48,7 +49,7 @@ def resolve_local(url: str) -> list[str]:
     return [url]
 
 
-class _ExpandedUrls(IterDataPipe[str]):
+class _ExpandedUrls(Pipe[str]):
     """Yields the shard URLs that strings (or a pipe of strings) expand to."""
 
     def __init__(self, specs: str | Iterable[str] | IterDataPipe):
@@ -62,7 +63,7 @@ class _ExpandedUrls(IterDataPipe[str]):
                 yield from resolve_local(url)
 
 
-class _SeededOrder(IterDataPipe[str]):
+class _SeededOrder(Pipe[str]):
     """Yields all its source's URLs, in a new seeded order each epoch when ``shuffle``.
 
     It sits before the ShardingFilter, so DataLoader2 gives it the seed it shares with
@@ -91,7 +92,7 @@ class _SeededOrder(IterDataPipe[str]):
         yield from urls
 
 
-class ShardListBase(IterDataPipe[str]):
+class ShardListBase(Pipe[str]):
     """Shared machinery of the shard listers: order, shuffle and split of shard URLs."""
 
     def __init__(self, urls: IterDataPipe[str], *, shuffle: bool, seed: int | None, allow_empty: bool):

@@ -8,13 +8,14 @@ from typing import TypeVar
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 
+from .pipe_base import Pipe
 from .seeding import epoch_rng, worker_and_rank
 
 T = TypeVar("T")
 
 
 @functional_datapipe("shuffle_samples")
-class Shuffler(IterDataPipe[T]):
+class Shuffler(Pipe[T]):
     """Yields its source's items in a shuffled order, from a buffer (functional name: ``shuffle_samples``).
 
     The order changes every epoch, differs between workers and ranks, and repeats from

@@ -9,11 +9,12 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 from .errors import WdsError
 from .handlers import Handler, reraise_exception
 from .openers import open_shard
+from .pipe_base import Pipe
 from .tar_reader import iter_tar_members
 
 
 @functional_datapipe("load_tar")
-class TarLoader(IterDataPipe[tuple[str, str, bytes]]):
+class TarLoader(Pipe[tuple[str, str, bytes]]):
     """Yields (shard url, member name, bytes) for each file in each tar shard (functional name: ``load_tar``).
 
     Shards are opened through the scheme registry (:mod:`wds_datapipes.openers`) and read
