@@ -9,6 +9,7 @@ the tests skip with the reason, except under CI (``CI`` set), where they fail in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import urllib.error
 import urllib.request
@@ -18,7 +19,7 @@ import pytest
 from ais_helpers import make_samples, write_shards
 
 from aisio.client import ENDPOINT_ENV, get_client
-from aisio.cluster import ClusterError, LocalCluster, ensure_aisnode
+from aisio.cluster import ClusterError, cluster_endpoint
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -52,24 +53,12 @@ def ais_endpoint():
             pytest.fail(f"AIS_ENDPOINT={given} does not answer GET /v1/health with 200", pytrace=False)
         yield given.rstrip("/")
         return
-    started = None
-    cluster = LocalCluster.running()
-    if cluster is None:
-        try:
-            ensure_aisnode()
+    with contextlib.ExitStack() as stack:
+        try:  # the running local cluster, or one started (and stopped) for the session
+            endpoint = stack.enter_context(cluster_endpoint(verbose=False))
         except ClusterError as exn:
-            _no_cluster(f"no aisnode binary and none can be built: {exn}")
-        try:
-            cluster = started = LocalCluster.start()
-        except ClusterError as exn:
-            _no_cluster(f"the local AIStore cluster did not start: {exn}")
-    os.environ[ENDPOINT_ENV] = cluster.endpoint
-    try:
-        yield cluster.endpoint
-    finally:
-        os.environ.pop(ENDPOINT_ENV, None)
-        if started is not None:
-            started.stop(verbose=False)
+            _no_cluster(f"no local AIStore cluster: {exn}")
+        yield endpoint
 
 
 @pytest.fixture
