@@ -108,14 +108,14 @@ class BatchDecoder(Pipe[dict]):
         started = _StartedBatch(samples)
         if self._row_spec is None or any(s.keys() != samples[0].keys() for s in samples):
             return started
-        container, mode = self._row_spec
+        mode = self._row_spec[1]
         for field in samples[0]:
             shape = self._row_shape(field, samples, mode)
             if shape is None:
                 continue
             rows = np.empty((len(samples), *shape), dtype=np.uint8)
             jobs = [(s[field], mode, rows[i]) for i, s in enumerate(samples)]
-            started.rows[field] = (container, rows)
+            started.rows[field] = rows
             started.work[field] = (
                 [pool.submit(_decode_row, *job) for job in jobs] if pool else [_decode_row(*job) for job in jobs]
             )
@@ -135,11 +135,12 @@ class BatchDecoder(Pipe[dict]):
     def _finish(self, started: _StartedBatch) -> Iterator[dict]:
         """Waits for the rows, decodes the other fields, drops failed samples, collates."""
         samples = started.samples
+        container = self._row_spec[0] if self._row_spec else None
         failed: dict[int, DecodeError] = {}
         for field, outcomes in started.work.items():
-            container, rows = started.rows[field]
+            rows = started.rows[field]
             for i, outcome in enumerate(outcomes):
-                if (outcome.result() if isinstance(outcome, Future) else outcome) is None or i in failed:
+                if (outcome.result() if isinstance(outcome, Future) else outcome) or i in failed:
                     continue
                 try:  # simplejpeg refused it: the per-sample decoder (Pillow) may still read it
                     self._redecode_into(rows[i], field, samples[i], container)
@@ -163,10 +164,9 @@ class BatchDecoder(Pipe[dict]):
         if not isinstance(batch, dict):  # samples with different fields: no rows were made
             yield batch
             return
-        for field, (container, rows) in started.rows.items():
+        for field, rows in started.rows.items():
             batch[field] = _as_batch(rows if len(keep) == len(samples) else rows[keep], container)
         yield batch
-
 
     def _redecode_into(self, row: np.ndarray, field: str, sample: dict, container: str) -> None:
         value = self.decoder({"__url__": sample.get("__url__"), "__key__": sample.get("__key__"),
@@ -183,17 +183,17 @@ class _StartedBatch:
 
     def __init__(self, samples: list[dict]):
         self.samples = samples
-        self.rows: dict[str, tuple[str, np.ndarray]] = {}
-        self.work: dict[str, Sequence[Future | str | None]] = {}
+        self.rows: dict[str, np.ndarray] = {}
+        self.work: dict[str, Sequence[Future | bool]] = {}
 
 
-def _decode_row(data: bytes, mode: str, row: np.ndarray) -> str | None:
-    """Decodes into ``row``; returns None, or what went wrong (errors are settled in order later)."""
+def _decode_row(data: bytes, mode: str, row: np.ndarray) -> bool:
+    """Decodes into ``row``; False where simplejpeg refuses the JPEG (Pillow retries it later, in order)."""
     try:
         decode_jpeg_into(data, mode, row)
-        return None
-    except ValueError as exn:  # simplejpeg's word for a JPEG it cannot read: retried with Pillow later
-        return f"{type(exn).__name__}: {exn}"
+        return True
+    except ValueError:  # simplejpeg's word for a JPEG it cannot read
+        return False
 
 
 def _as_batch(rows: np.ndarray, container: str) -> Any:

@@ -145,12 +145,11 @@ def _jpeg_pixels(data: bytes, mode: str) -> np.ndarray | None:
     (Pillow handles Adobe's inverted CMYK its own way), nor for a colour JPEG read as L: Y
     is not Pillow's RGB->L luma, so that one is converted by Pillow from simplejpeg's RGB.
     """
-    if simplejpeg is None or not data.startswith(b"\xff\xd8"):
+    header = _exact_jpeg_header(data)
+    if header is None:
         return None
+    colorspace = header[2]
     try:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        if colorspace not in ("YCbCr", "Gray") or _too_big_for_pillow(height * width):
-            return None
         if mode != "L":
             return simplejpeg.decode_jpeg(data, mode)
         if colorspace == "Gray":
@@ -160,10 +159,10 @@ def _jpeg_pixels(data: bytes, mode: str) -> np.ndarray | None:
         return None
 
 
-def jpeg_into_buffer_shape(data: bytes, mode: str) -> tuple[int, int, int] | None:
-    """(height, width, channels) if ``data`` decodes in ``mode`` by :func:`decode_jpeg_into`
-    with Pillow's exact pixels (the conditions of ``_jpeg_pixels``), else None."""
-    if simplejpeg is None or mode not in ("RGB", "RGBA") or not data.startswith(b"\xff\xd8"):
+def _exact_jpeg_header(data: bytes) -> tuple[int, int, str] | None:
+    """(height, width, colorspace) of a JPEG that simplejpeg decodes to Pillow's exact
+    pixels (YCbCr or greyscale, within Pillow's size guard), else None."""
+    if simplejpeg is None or not data.startswith(b"\xff\xd8"):
         return None
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
@@ -171,7 +170,14 @@ def jpeg_into_buffer_shape(data: bytes, mode: str) -> tuple[int, int, int] | Non
         return None
     if colorspace not in ("YCbCr", "Gray") or _too_big_for_pillow(height * width):
         return None
-    return height, width, len(mode)
+    return height, width, colorspace
+
+
+def jpeg_into_buffer_shape(data: bytes, mode: str) -> tuple[int, int, int] | None:
+    """(height, width, channels) if ``data`` decodes in ``mode`` by :func:`decode_jpeg_into`
+    with Pillow's exact pixels, else None."""
+    header = _exact_jpeg_header(data) if mode in ("RGB", "RGBA") else None
+    return None if header is None else (header[0], header[1], len(mode))
 
 
 def decode_jpeg_into(data: bytes, mode: str, out: np.ndarray) -> None:
