@@ -130,6 +130,11 @@ class FaultyRelay:
                 client.sendall(chunk)
                 sent += len(chunk)
                 if limit is not None and sent >= limit:
+                    # End the target's GET before on_cut: an open GET can hold the object
+                    # while the relay stops reading, and a PUT replacing it in on_cut would
+                    # then wait for it (a 30 s stall seen in CI). The client still sees the
+                    # cut only after on_cut returns.
+                    upstream.shutdown(socket.SHUT_RDWR)
                     if self.on_cut is not None:
                         self.on_cut(path)
                     break  # drop the connection mid-body
