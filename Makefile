@@ -6,8 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# The newest stack PyTorch maintains: torch 2.15 + torchdata 0.11 (no DataPipes, no DataLoader2).
+NEWEST := .venv-newest
+NEWEST_INSTALLED := $(NEWEST)/.installed
 
-.PHONY: setup train test test-core bench bench-ais lint clean
+.PHONY: setup setup-newest train test test-main test-newest test-core bench bench-epochs bench-ais lint clean
 
 setup: $(INSTALLED)
 
@@ -17,21 +20,40 @@ $(INSTALLED): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(INSTALLED)
 
+setup-newest: $(NEWEST_INSTALLED)
+
+$(NEWEST_INSTALLED): pyproject.toml constraints-newest.txt
+	$(PYTHON) -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(NEWEST)/bin/python -m pip install --quiet -c constraints-newest.txt -e '.[dev]'
+	touch $(NEWEST_INSTALLED)
+
 # The main job: digits -> shards -> DataLoader2 (2 workers) -> a small CNN.
 train: setup
 	$(BIN)/python examples/train_digits.py
 
-# The whole suite, AIStore tests included: they start (and stop) a local cluster.
-test: setup
+# The whole suite, AIStore tests included (they start and stop a local cluster), on the
+# tested stack (torch 2.13, torchdata 0.8 with DataLoader2) and then on the newest one.
+test: test-main test-newest
+
+test-main: setup
 	$(BIN)/python -m aisio.cluster install
 	$(BIN)/ruff check wds_datapipes aisio tests examples benchmarks
 	$(BIN)/python -m pytest -q
+
+# The same suite on torch 2.15 + torchdata 0.11: the tests that need DataLoader2 skip.
+test-newest: setup-newest
+	$(NEWEST)/bin/python -m aisio.cluster install
+	$(NEWEST)/bin/python -m pytest -q
 
 test-core: setup
 	$(BIN)/python -m pytest -q tests --ignore=tests/aisio
 
 bench: setup
 	$(BIN)/python benchmarks/bench_pipeline.py
+
+bench-epochs: setup
+	$(BIN)/python benchmarks/bench_epochs.py
 
 bench-ais: setup
 	$(BIN)/python benchmarks/bench_ais.py
@@ -40,4 +62,4 @@ lint: setup
 	$(BIN)/ruff check wds_datapipes aisio tests examples benchmarks
 
 clean:
-	rm -rf $(VENV) data build *.egg-info
+	rm -rf $(VENV) $(NEWEST) data build *.egg-info

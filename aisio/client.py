@@ -34,7 +34,7 @@ from urllib3.util.retry import Retry
 
 ENDPOINT_ENV = "AIS_ENDPOINT"
 DEFAULT_ENDPOINT = "http://localhost:8080"
-_URL_PARAMS = frozenset(("etl_name", "etl_args"))
+_URL_PARAMS = frozenset(("etl_name", "etl_args", "etl_local"))
 
 logger = logging.getLogger("aisio")
 
@@ -92,24 +92,27 @@ def get_client(url: str | None = None) -> Client:
 
 @dataclass(frozen=True)
 class AISUrl:
-    """A parsed ``ais://bucket/object?etl_name=NAME&etl_args=ARGS`` URL.
+    """A parsed ``ais://bucket/object?etl_name=NAME&etl_args=ARGS&etl_local=MODULE:CLASS`` URL.
 
     ``object`` may be empty (a bucket, or a bucket and a prefix, for listing). The query
-    is optional and recognised only when it holds nothing but ``etl_name`` / ``etl_args``;
-    any other ``?`` is part of the object name.
+    is optional and recognised only when it holds nothing but ``etl_name``, ``etl_args``
+    and ``etl_local``; any other ``?`` is part of the object name. ``etl_local`` names the
+    ETL server class whose transform the reader runs itself (see :mod:`aisio.local_etl`);
+    without it, the cluster runs the ETL ``etl_name``.
     """
 
     bucket: str
     object: str = ""
     etl_name: str | None = None
     etl_args: str | None = None
+    etl_local: str | None = None
 
     @classmethod
     def parse(cls, url: str) -> AISUrl:
         if not url.startswith("ais://"):
             raise ValueError(f"not an ais:// URL: {url!r}")
         rest = url[len("ais://"):]
-        etl_name = etl_args = None
+        etl_name = etl_args = etl_local = None
         head, sep, query = rest.rpartition("?")
         if sep:
             params = parse_qs(query, keep_blank_values=True)
@@ -117,24 +120,26 @@ class AISUrl:
                 rest = head
                 etl_name = params.get("etl_name", [None])[0] or None
                 etl_args = params.get("etl_args", [None])[0]
+                etl_local = params.get("etl_local", [None])[0] or None
         bucket, _, obj = rest.partition("/")
         if not bucket:
             raise ValueError(f"no bucket in {url!r}")
-        if etl_args is not None and etl_name is None:
-            raise ValueError(f"etl_args without etl_name in {url!r}")
-        return cls(bucket, obj, etl_name, etl_args)
+        if (etl_args is not None or etl_local is not None) and etl_name is None:
+            raise ValueError(f"etl_args or etl_local without etl_name in {url!r}")
+        return cls(bucket, obj, etl_name, etl_args, etl_local)
 
     def with_object(self, name: str) -> AISUrl:
-        return AISUrl(self.bucket, name, self.etl_name, self.etl_args)
+        return AISUrl(self.bucket, name, self.etl_name, self.etl_args, self.etl_local)
 
-    def with_etl(self, name: str | None, args: str | dict | None = None) -> AISUrl:
+    def with_etl(self, name: str | None, args: str | dict | None = None, local: str | None = None) -> AISUrl:
         if isinstance(args, dict):
             args = json.dumps(args, separators=(",", ":"), sort_keys=True)
-        return AISUrl(self.bucket, self.object, name, args if name else None)
+        return AISUrl(self.bucket, self.object, name, args if name else None, local if name else None)
 
     @property
     def etl(self) -> ETLConfig | None:
-        return ETLConfig(self.etl_name, self.etl_args) if self.etl_name else None
+        """The ETL for the cluster to run (``None`` when there is none, or the reader runs it)."""
+        return ETLConfig(self.etl_name, self.etl_args) if self.etl_name and not self.etl_local else None
 
     @property
     def plain(self) -> str:
@@ -147,4 +152,6 @@ class AISUrl:
         params = {"etl_name": self.etl_name}
         if self.etl_args is not None:
             params["etl_args"] = self.etl_args
+        if self.etl_local is not None:
+            params["etl_local"] = self.etl_local
         return f"{self.plain}?{urlencode(params)}"

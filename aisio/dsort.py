@@ -14,21 +14,17 @@ import time
 from pathlib import Path
 
 from aistore.sdk.dsort import DsortAlgorithm, DsortFramework, DsortShardsGroup
-from aistore.sdk.errors import AISError
 from aistore.sdk.multiobj import ObjectRange
 from aistore.sdk.types import BucketModel
 
-from wds_datapipes.errors import WdsError
+from wds_datapipes.errors import ShardOpenError
 
 from .client import AISUrl, endpoint, get_client
+from .errors import AIS_FAILURES, DsortError, translating
 from .listing import list_objects
-from .streams import _NO_ANSWER, describe_error
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)(?:\.\.\d+)?\}")
-
-
-class DsortError(WdsError):
-    """A dSort job could not start, failed, was aborted or did not finish in time."""
+_FMT = re.compile(r"%(?:0(\d+))?d")  # AIStore's 'fmt' template: prefix-%06d-suffix, numbered from 0
 
 
 def _split_url(url: str) -> tuple[str, str]:
@@ -46,9 +42,9 @@ def _extension(template: str) -> str:
 
 
 def _template_regex(template: str) -> re.Pattern:
-    """A regex matching the names an AIS brace template ({0000..9999}) can produce."""
+    """A regex matching the names an AIS brace template ({0000..9999}) or fmt template (%06d) can produce."""
     parts, last = [], 0
-    for m in _RANGE.finditer(template):
+    for m in (_RANGE if _RANGE.search(template) else _FMT).finditer(template):
         parts.append(re.escape(template[last:m.start()]))
         parts.append(r"\d+")
         last = m.end()
@@ -70,8 +66,9 @@ def dsort_framework(
     Args:
         input_url: ``ais://bucket/train-{000..099}.tar``, a brace template of input shards
             (one ``{first..last}`` range, as the SDK's ``ObjectRange`` takes it).
-        output_url: ``ais://bucket/shuffled-{0000..9999}.tar``, a template with room for
-            every output shard (dSort takes names from it in order).
+        output_url: ``ais://bucket/shuffled-{0000..9999}.tar``, a brace template with room
+            for every output shard (dSort takes names from it in order). The SDK's
+            description cannot hold AIStore's ``%d`` templates; :func:`dsort_spec` can.
         output_shard_size: the target size of each output shard, ``"10MiB"`` or bytes.
         seed: makes a shuffle repeatable (an integer >= 0).
         algorithm: ``"shuffle"`` (default), or ``"alphanumeric"`` to sort by key.
@@ -106,15 +103,26 @@ def dsort_spec(input_url: str, output_url: str, *, dsorter_type: str = "dsort_ge
     expects \" or n". ``dsort_general`` is what it would pick below 100 GB of free memory
     per target; ``dsort_mem`` keeps records in memory.
     """
-    spec = dsort_framework(input_url, output_url, **kwargs).to_spec()
+    out_bucket, out_template = _split_url(output_url)
+    if _FMT.search(out_template) and not _RANGE.search(out_template):
+        # AIStore numbers a 'fmt' template (shuffled-%d.tar, shuffled-%06d.tar) from 0 without
+        # end; the SDK's description knows only brace ranges, so it carries a stand-in.
+        stand_in = f"ais://{out_bucket}/{_FMT.sub('{0..1}', out_template, count=1)}"
+        spec = dsort_framework(input_url, stand_in, **kwargs).to_spec()
+        spec["output_format"] = out_template
+    else:
+        spec = dsort_framework(input_url, output_url, **kwargs).to_spec()
     spec["dsorter_type"] = dsorter_type
     return spec
 
 
 def _output_names(bucket: str, template: str) -> list[str]:
     pattern = _template_regex(template)
-    prefix = template.split("{", 1)[0]
-    return [n for n in list_objects(bucket, prefix) if pattern.match(n)]
+    prefix = re.split(r"[{%]", template, maxsplit=1)[0]
+    try:
+        return [n for n in list_objects(bucket, prefix) if pattern.match(n)]
+    except ShardOpenError as exn:
+        raise DsortError(f"cannot list the outputs in ais://{bucket}: {exn.reason or exn}") from exn
 
 
 def dsort_shuffle(
@@ -143,8 +151,8 @@ def dsort_shuffle(
     spec = dsort_spec(input_url, output_url, output_shard_size=output_shard_size, seed=seed, algorithm=algorithm)
     out_bucket, out_template = _split_url(output_url)
     client = get_client()
-    where = AISUrl(out_bucket)
-    try:
+    where, cluster = AISUrl(out_bucket), endpoint()
+    with translating(DsortError, where, cluster, doing=f"start dSort {input_url} -> {output_url}"):
         client.bucket(out_bucket).create(exist_ok=True)
         existing = _output_names(out_bucket, out_template)
         if existing and not overwrite:
@@ -162,15 +170,11 @@ def dsort_shuffle(
             spec_path = Path(tmp, "spec.json")
             spec_path.write_text(json.dumps(spec))
             job_id = job.start(spec_path)
-    except (AISError, *_NO_ANSWER) as exn:
-        raise DsortError(f"cannot start dSort {input_url} -> {output_url}: {describe_error(where, endpoint(), exn)}") from exn
 
     deadline = time.monotonic() + timeout
     while True:
-        try:
+        with translating(DsortError, where, cluster, doing=f"follow dSort job {job_id}"):
             infos = list((job.get_job_info() or {}).values())
-        except (AISError, *_NO_ANSWER) as exn:
-            raise DsortError(f"dSort job {job_id}: {describe_error(where, endpoint(), exn)}") from exn
         errors = [e for info in infos for e in (info.metrics.errors or []) if e]
         if any(info.aborted or info.metrics.aborted for info in infos):
             raise DsortError(f"dSort job {job_id} ({input_url} -> {output_url}) aborted: {'; '.join(errors) or 'no reason given'}")
@@ -181,7 +185,7 @@ def dsort_shuffle(
         if time.monotonic() > deadline:
             try:
                 job.abort()
-            except (AISError, *_NO_ANSWER):
+            except AIS_FAILURES:
                 pass  # the timeout is the error to report
             raise DsortError(f"dSort job {job_id} ({input_url} -> {output_url}) did not finish in {timeout:.0f} s; aborted")
         time.sleep(poll_s)

@@ -11,35 +11,28 @@ Reading through an ETL::
     init_etl("resize", image="my-registry/resize-etl:1", comm_type="hpush")
     pipe = AISSourceLister("ais://train/shard-", etl_name="resize", etl_args={"size": 224})
 
+    init_etl_class("resize", Resize)   # an ETLServer subclass, deployed as the ETL 'resize'
+    pipe = AISSourceLister("ais://train/shard-", etl_name="resize", etl_args={"size": 224})
+    pipe = AISSourceLister("ais://train/shard-", etl_args={"size": 224}, etl_local=Resize)  # run here
+
 These helpers add nothing but errors of our own type (:class:`ETLError`) that say which
 ETL and which cluster; each is one SDK call.
 """
 
 from __future__ import annotations
 
-from aistore.sdk.errors import AISError
 from aistore.sdk.types import ETLInfo
 
-from wds_datapipes.errors import WdsError
-
 from .client import endpoint, get_client
-from .streams import _NO_ANSWER, server_message
+from .errors import ETLError, translating
 
-
-class ETLError(WdsError):
-    """The cluster refused or failed an ETL management call."""
+_HINT = " (ETLs need a cluster on Kubernetes with aisnode built with the 'etl' tag)"
 
 
 def _call(what: str, fn):
-    try:
+    cluster = endpoint()
+    with translating(ETLError, cluster=cluster, doing=f"{what} on {cluster}", hint=_HINT):
         return fn()
-    except AISError as exn:
-        raise ETLError(
-            f"cannot {what} on {endpoint()}: HTTP {exn.status_code}: {server_message(exn)} "
-            "(ETLs need a cluster on Kubernetes with aisnode built with the 'etl' tag)"
-        ) from exn
-    except _NO_ANSWER as exn:
-        raise ETLError(f"cannot {what}: no answer from AIStore at {endpoint()}: {exn}") from exn
 
 
 def init_etl(name: str, image: str, *, command: list[str] | str | None = None, comm_type: str = "hpush",
@@ -52,6 +45,17 @@ def init_etl(name: str, image: str, *, command: list[str] | str | None = None, c
     etl = get_client().etl(name)
     return _call(f"init ETL {name!r}", lambda: etl.init(image=image, command=command, comm_type=comm_type,
                                                  init_timeout=init_timeout, obj_timeout=obj_timeout, **env))
+
+
+def init_etl_class(name: str, server_class: type, **init_class_args) -> str:
+    """Deploy the ETL server class ``server_class`` as the ETL ``name`` (the SDK's
+    ``Etl.init_class``: the class travels serialized and runs in AIStore's Python runtime);
+    returns ``name``. The same class runs in the reader with ``etl_local=`` (see
+    :mod:`aisio.local_etl`). ``init_class_args``: ``dependencies``, ``comm_type``, ``init_timeout``...
+    """
+    etl = get_client().etl(name)
+    _call(f"init ETL {name!r} from class {server_class.__qualname__}", lambda: etl.init_class(**init_class_args)(server_class))
+    return name
 
 
 def list_etls(stages: list[str] | None = None) -> list[ETLInfo]:

@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import fnmatch
+import json
+import logging
 from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import quote
 
-from aistore.sdk.errors import AISError
-from torch.utils.data import IterDataPipe, functional_datapipe
+from aistore.sdk.types import ActionMsg, ListObjectsMsg
 
 from wds_datapipes.errors import ShardOpenError
 from wds_datapipes.shard_listing import SHARD_SUFFIXES, ShardListBase, expand_url_spec
+from wds_datapipes.torch_datapipes import IterDataPipe, functional_datapipe
 
-from .client import AISUrl, endpoint, get_client
-from .streams import _NO_ANSWER, describe_error
+from . import rest
+from .client import AISUrl, endpoint
+from .errors import BROKEN_STREAM, NoAnswer, NodeAnswer, describe_error
+from .nodes import retry_reason, view_of
+from .retry import Attempts, RetryPolicy
+
+_JSON = {"Content-Type": "application/json", "Accept": "application/json"}
+logger = logging.getLogger("aisio")
 
 _BRACE_OR_GLOB = frozenset("{*?[")
 _GLOB_CHARS = frozenset("*?[")
+
+
+class ExactObject(str):
+    """An ``ais://bucket/object`` spec that names one object exactly (not a prefix); it must exist."""
 
 
 def _literal_prefix(name: str) -> str:
@@ -26,41 +40,84 @@ def _literal_prefix(name: str) -> str:
     return name
 
 
-def list_objects(bucket: str, prefix: str = "", page_size: int = 0) -> list[str]:
+def list_objects(bucket: str, prefix: str = "", page_size: int = 0, *, policy: RetryPolicy | None = None) -> list[str]:
     """Names of all objects in ``ais://bucket`` that start with ``prefix``, sorted.
 
-    It reads every page (``page_size`` names each; 0: as many as the cluster gives).
+    It reads every page (``page_size`` names each; 0: as many as the cluster gives), each
+    page retried within the retry budget (:mod:`aisio.retry`) while nodes fail or the
+    cluster map changes. Failures raise :class:`~wds_datapipes.errors.ShardOpenError`
+    naming ``ais://bucket/prefix``, the node and its answer, or what was tried.
     """
-    client = get_client()
-    entries = client.bucket(bucket).list_objects_iter(prefix=prefix, props="name", page_size=page_size)
-    return sorted(entry.name for entry in entries)
+    policy = policy or RetryPolicy.from_env()
+    cluster = endpoint()
+    names: list[str] = []
+    token = uuid = ""
+    while True:
+        page = _list_page(cluster, AISUrl(bucket, prefix), page_size, token, uuid, policy)
+        names.extend(entry["name"] for entry in page.get("entries") or ())
+        token, uuid = page.get("continuation_token") or "", page.get("uuid") or ""
+        if not token:
+            return sorted(names)
+
+
+def _list_page(cluster: str, where: AISUrl, page_size: int, token: str, uuid: str, policy: RetryPolicy) -> dict:
+    """One page of a listing (``GET /v1/buckets/<bucket>``), retried within the budget."""
+    value = ListObjectsMsg(prefix=where.object, page_size=page_size, uuid=uuid, props="name",
+                           continuation_token=token, flags=[], target="").as_dict()
+    body = json.dumps(ActionMsg(action="list", value=value).model_dump()).encode()
+    url = f"{cluster}/v1/buckets/{quote(where.bucket, safe='')}?provider=ais"
+    spec = f"ais://{where.bucket}/{where.object}"
+    attempts = Attempts(policy)
+    view = view_of(cluster, timeout=min(1.0, policy.budget_s / 4))  # the map now: see aisio.nodes
+    while True:
+        try:
+            reply = rest.request("GET", url, headers=_JSON, body=body, timeouts=attempts.timeouts())
+            answer = rest.read_error_body(reply) if reply.status != 200 else None
+            if answer is None:
+                with reply:
+                    return json.loads(reply.read())
+            failure = NodeAnswer(reply.status, answer, view.name(reply.node), f"list {spec}")
+            why = retry_reason(failure, view, attempts.remaining())
+            if why is None:
+                raise ShardOpenError(spec, f"cannot list: {describe_error(failure, where.with_object(''), cluster)}")
+            failure = f"{failure} ({why})"
+        except NoAnswer as exn:
+            failure = f"no answer from {view.name(exn.node)}: {exn.cause}"
+        except (*BROKEN_STREAM, ValueError) as exn:  # a page cut short or garbled
+            failure = f"the listing from {cluster} broke: {type(exn).__name__}: {exn}"
+        if not attempts.failed(failure):
+            raise ShardOpenError(spec, f"cannot list: no usable answer from the cluster at {cluster}: "
+                                       f"{attempts.summary()}")
+        logger.warning("listing %s: %s; trying again", spec, failure)
 
 
 class _AISListing(IterDataPipe[str]):
     """Yields the shard URLs that ``ais://`` specs name, listed in the cluster (sorted per spec)."""
 
     def __init__(self, specs: list[str], suffixes: tuple[str, ...] | None, etl_name: str | None,
-                 etl_args: str | dict | None, page_size: int = 0):
+                 etl_args: str | dict | None, page_size: int = 0, etl_local: str | None = None):
         self.specs = specs
         self.page_size = page_size
         self.suffixes = suffixes
         self.etl_name = etl_name
         self.etl_args = etl_args
+        self.etl_local = etl_local
 
     def __iter__(self) -> Iterator[str]:
         for spec in self.specs:
             for aurl in self._expand(spec):
-                yield str(aurl.with_etl(self.etl_name, self.etl_args) if self.etl_name else aurl)
+                yield str(aurl.with_etl(self.etl_name, self.etl_args, self.etl_local) if self.etl_name else aurl)
 
     def _expand(self, spec: str) -> list[AISUrl]:
         base = AISUrl.parse(spec)
         if base.etl_name:
             raise ValueError(f"pass the ETL as etl_name=/etl_args=, not in the spec: {spec!r}")
         pattern = base.object
-        try:
-            listed = list_objects(base.bucket, _literal_prefix(pattern), self.page_size)
-        except (AISError, *_NO_ANSWER) as exn:
-            raise ShardOpenError(spec, f"cannot list: {describe_error(base, endpoint(), exn)}") from exn
+        if isinstance(spec, ExactObject):
+            if pattern not in list_objects(base.bucket, pattern, self.page_size):
+                raise ShardOpenError(spec, f"object {pattern!r} is not in bucket ais://{base.bucket}")
+            return [base]
+        listed = list_objects(base.bucket, _literal_prefix(pattern), self.page_size)
         if "{" in pattern:
             # A brace template names exact shards: all must exist.
             wanted = [AISUrl.parse(u).object for u in expand_url_spec(f"ais://{base.bucket}/{pattern}")]
@@ -90,9 +147,17 @@ class AISSourceLister(ShardListBase):
             (``ais://bkt/train-*.tar``), ``::``-joined specs, or a list of them.
             Or leave it out and give ``bucket`` (and ``prefix``).
         bucket, prefix: the same as ``urls="ais://BUCKET/PREFIX"``.
+        ais_sources: deprecated, the aistore SDK's removed ``AISSourceLister``'s argument:
+            SDK buckets, objects or object groups (or bucket names), ``prefix`` applying to
+            each bucket; every object is kept, as there. A :class:`DeprecationWarning`
+            shows the new spelling (see :mod:`aisio.compat`).
         etl_name, etl_args: an ETL that every shard read runs through; it travels in the
-            URLs (``?etl_name=..&etl_args=..``), so the opener sends it with each GET.
-            ``etl_args`` may be a string or a dict (sent as JSON).
+            URLs (``?etl_name=..&etl_args=..``), so the opener sends it with each GET and
+            the cluster runs it. ``etl_args`` may be a string or a dict (sent as JSON).
+        etl_local: run the ETL here instead, in each reading worker: an ETL server class
+            (an ``aistore.sdk.etl.webserver`` ``ETLServer`` subclass, the same class the
+            cluster would run) or its ``"module:Class"`` path. ``etl_name`` then only names
+            it (default: the class name). See :mod:`aisio.local_etl`.
         suffixes: object name endings kept when listing a prefix (default: .tar, .tar.gz,
             .tgz); ``None`` keeps every object.
         page_size: names per listing request (0: as many as the cluster gives); the
@@ -121,26 +186,49 @@ class AISSourceLister(ShardListBase):
         shuffle: bool = False,
         seed: int | None = None,
         allow_empty: bool = False,
+        ais_sources: Iterable[Any] | None = None,
+        etl_local: type | str | None = None,
     ):
-        if (urls is None) == (bucket is None):
+        from . import compat, local_etl
+
+        if urls is not None and not isinstance(urls, str):
+            urls = list(urls)
+            if urls and all(compat.is_sdk_source(u) for u in urls):
+                urls, ais_sources = None, urls  # the old SDK's positional ais_sources
+        if ais_sources is not None:
+            if urls is not None or bucket is not None:
+                raise ValueError("give ais_sources (the old spelling) or urls / bucket=, not both")
+            specs = compat.specs_of_sources(ais_sources, prefix)
+            if suffixes == SHARD_SUFFIXES:
+                suffixes = None  # the old lister listed every object
+            compat.warn_old_lister_call(specs, {"etl_name": etl_name, "etl_args": etl_args}, stacklevel=3)
+        elif (urls is None) == (bucket is None):
             raise ValueError("give either urls ('ais://bucket/prefix') or bucket= (and prefix=)")
-        if urls is None:
+        elif urls is None:
             specs = [f"ais://{bucket}/{prefix}"]
         else:
             specs = []
-            for spec in [urls] if isinstance(urls, str) else list(urls):
+            for spec in [urls] if isinstance(urls, str) else urls:
                 if not isinstance(spec, str):
                     raise TypeError(f"shard specs must be strings, got {type(spec).__name__}: {spec!r}")
+                if isinstance(spec, ExactObject):
+                    specs.append(spec)
+                    continue
                 specs.extend(part.strip() for part in spec.split("::") if part.strip())
         for spec in specs:
             AISUrl.parse(spec)  # fail early on a non-ais spec; no I/O
+        if etl_local is not None:
+            etl_local = local_etl.class_path(etl_local)
+            etl_name = etl_name or etl_local.rpartition(":")[2].rpartition(".")[2]
         if etl_args is not None and not etl_name:
             raise ValueError("etl_args given without etl_name")
         self.specs = specs
         self.etl_name = etl_name
         self.etl_args = etl_args
+        self.etl_local = etl_local
         super().__init__(
-            _AISListing(specs, suffixes, etl_name, etl_args, page_size), shuffle=shuffle, seed=seed, allow_empty=allow_empty
+            _AISListing(specs, suffixes, etl_name, etl_args, page_size, etl_local),
+            shuffle=shuffle, seed=seed, allow_empty=allow_empty,
         )
 
     def _describe_source(self) -> str:

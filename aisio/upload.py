@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
-from aistore.sdk.errors import AISError
-
-from wds_datapipes.errors import WdsError
-
 from .client import AISUrl, endpoint, get_client
-from .streams import _NO_ANSWER, describe_error
+from .errors import UploadError, translating
 
-
-class UploadError(WdsError):
-    """A local shard could not be stored as an object; the local file is kept."""
-
-    def __init__(self, path: str, url: str, reason: str):
-        self.path = path
-        self.url = url
-        self.reason = reason
-        super().__init__(f"cannot upload {path!r} to {url!r}: {reason} (the local file is kept)")
+__all__ = ["ShardUploader", "UploadError", "upload_file"]
 
 
 def upload_file(path: str | os.PathLike, url: str, *, remove: bool = False) -> str:
@@ -36,11 +25,9 @@ def upload_file(path: str | os.PathLike, url: str, *, remove: bool = False) -> s
         raise ValueError(f"expected ais://bucket/object, got {url!r}")
     obj = get_client().bucket(aurl.bucket).object(aurl.object)
     size = os.path.getsize(path)
-    try:
+    with translating(partial(UploadError, path, url), aurl, endpoint()):
         obj.get_writer().put_file(path)
         stored = obj.head().size
-    except (AISError, *_NO_ANSWER) as exn:
-        raise UploadError(path, url, describe_error(aurl, endpoint(), exn)) from exn
     if stored != size:
         raise UploadError(path, url, f"the object has {stored} bytes, the file {size}")
     if remove:
@@ -78,11 +65,10 @@ class ShardUploader:
 
     def __call__(self, path: str | os.PathLike) -> None:
         if not self._bucket_ready:
-            try:
+            where = f"ais://{self.bucket}"
+            with translating(partial(UploadError, os.fspath(path), where), AISUrl(self.bucket), endpoint(),
+                             doing=f"create bucket {where}"):
                 get_client().bucket(self.bucket).create(exist_ok=True)
-            except (AISError, *_NO_ANSWER) as exn:
-                aurl = AISUrl(self.bucket)
-                raise UploadError(os.fspath(path), f"ais://{self.bucket}", describe_error(aurl, endpoint(), exn)) from exn
             self._bucket_ready = True
         url = f"ais://{self.bucket}/{self.prefix}{Path(path).name}"
         self.uploaded.append(upload_file(path, url, remove=self.remove))

@@ -1,21 +1,36 @@
-"""Streaming the same shards from AIStore and from local disk, ours against webdataset, in one run.
+"""Reading the same shards from AIStore and from local disk, side by side, 2 workers each.
 
-    python benchmarks/bench_ais.py [--shards 8] [--per-shard 1000] [--repeats 3]
+    python benchmarks/bench_ais.py [--shards 8] [--per-shard 1000] [--repeats 3] [--epochs 3]
 
 Uses ``$AIS_ENDPOINT``, else the cluster of ``python -m aisio.cluster start``, else starts
 one for the run (and stops it after). Writes the JPEG shards of bench_pipeline.py
 (256x256 JPEG + class label), uploads them to a bucket, then times reading all grouped
-samples (no decoding), one process:
+samples raw (no decoding) with 2 worker processes:
 
-- ours, local disk:         ShardLister(files).load_tar().group_by_key()
-- ours, AIS (ais://):       AISSourceLister("ais://bucket/").load_tar().group_by_key()
-- ours, AIS over HTTP:      ShardLister(http://.../v1/objects/...) (plain urllib opener)
-- webdataset, local disk:   webdataset.WebDataset(files)
-- webdataset, AIS over HTTP: webdataset.WebDataset(http URLs) (it streams through curl)
+- ours, local disk:           ShardLister(files).load_tar().group_by_key(), DataLoader2
+- ours, ais://:               ShardLister(the objects' ais:// URLs)... (aisio's reader)
+- ours, ais://, listed:       AISSourceLister("ais://bench-ais/")...: the same, and each
+                              worker lists the bucket each epoch
+- ours, plain urllib:         ShardLister(http://<cluster>/v1/objects/...) (the core's
+                              urllib opener over the cluster's REST API, same objects)
+- ours, SDK object reader:    the same pipeline opening each object with the aistore SDK's
+                              ``get_reader().raw()`` (what aisio used before its own reader)
+- webdataset, local disk / ais:// (aisio's opener, registered in webdataset) / HTTP (curl):
+                              WebDataset(urls) under DataLoader(num_workers=2)
 
-Each row is the best of --repeats passes after a warm-up pass (page cache on both
-sides: the cluster's targets run on this machine, so "AIS" measures the protocol and
-client path, not a network). Prints samples/s, MB/s and each row's ratio to ours-local.
+Workers count samples and bytes and send one total per 500 samples, so the rows compare
+reading, parsing and grouping, not inter-process transfer. All loaders are started and
+warmed up first (page cache on both sides: the cluster's nodes run on this machine, so
+AIS rows measure the protocol and client path, and share its cores with the readers);
+then --repeats passes each time every row for --epochs epochs in turn, so that a burst of
+other load hits all rows alike; rows report their best and median pass. Each row also
+reports the CPU time per epoch of its workers, the main process and, for a local
+cluster, the cluster's nodes: where the cores are the limit, that bounds the ratios.
+Prints a markdown table, then the ratios the README states (ais:// vs urllib, ais:// vs
+local disk) against their targets (0.9, 0.8).
+
+Last, whether the SDK's GetBatch (many objects or byte ranges in one request) beats one
+GET per object for many small shards and for mid-shard starts (``--no-getbatch`` skips it).
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 warnings.filterwarnings("ignore", message=r"(?s).*'datapipes', 'dataloader2' modules are deprecated")
@@ -34,41 +50,137 @@ warnings.filterwarnings("ignore", message=r"(?s).*'datapipes', 'dataloader2' mod
 import braceexpand
 import webdataset as wds
 from shards import make_jpeg_shards
+from torch.utils.data import DataLoader
 
-from aisio import AISSourceLister, get_client, upload_file
+try:
+    from torchdata.dataloader2 import DataLoader2
+except ImportError:  # torchdata >= 0.10: the datapipe rows run under DataLoader
+    DataLoader2 = None
+
+import wds_datapipes as wd
+from aisio import AISSourceLister, get_client, open_ais_url, upload_file
 from aisio.client import endpoint
-from aisio.cluster import cluster_endpoint
-from wds_datapipes import ShardLister
+from aisio.cluster import LocalCluster, cluster_endpoint
+from wds_datapipes import ShardLister, register_opener
 
 BUCKET = "bench-ais"
+WORKERS = 2
+PER_MESSAGE = 500
 
 
-def _count(samples: Iterable[dict]) -> tuple[int, int]:
-    n = nbytes = 0
-    for sample in samples:
-        n += 1
-        nbytes += sum(len(v) for k, v in sample.items() if not k.startswith("__"))
-    return n, nbytes
+def _tally(sample: dict) -> tuple[int, int]:
+    return 1, sum(len(v) for k, v in sample.items() if not k.startswith("__"))
 
 
-def _best(make: Callable[[], Iterable[dict]], repeats: int) -> tuple[float, int, int]:
-    _count(make())  # warm-up: page cache, connections, imports
-    best = float("inf")
-    for _ in range(repeats):
+def _add(tallies: list[tuple[int, int]]) -> tuple[int, int]:
+    return sum(n for n, _ in tallies), sum(b for _, b in tallies)
+
+
+def _sdk_reader(url: str):
+    """The ``aissdk://bucket/object`` opener: the aistore SDK's object reader, raw."""
+    bucket, _, name = url[len("aissdk://"):].partition("/")
+    return get_client().bucket(bucket).object(name).get_reader().raw()
+
+
+register_opener("aissdk", _sdk_reader)  # forked workers inherit it
+
+
+class Loader:
+    """A 2-worker loader over a pipe of (count, bytes) tallies, kept up between measurements."""
+
+    def __init__(self, kind: str, make: Callable[[], object]):
+        self.kind, self.make, self.loader = kind, make, None
+
+    def start(self) -> None:
+        if self.kind == "datapipes" and DataLoader2 is not None:
+            dp = self.make().map(_tally).batch(PER_MESSAGE).map(_add)
+            self.loader = DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=WORKERS))
+        elif self.kind == "datapipes":
+            dp = self.make().map(_tally).batch(PER_MESSAGE).map(_add)
+            self.loader = DataLoader(dp, batch_size=None, num_workers=WORKERS, persistent_workers=True)
+        else:
+            ds = self.make().map(_tally).batched(PER_MESSAGE, collation_fn=_add)
+            self.loader = DataLoader(ds, batch_size=None, num_workers=WORKERS, persistent_workers=True)
+
+    def epoch(self) -> tuple[int, int]:
+        return _add(list(self.loader))
+
+    def stop(self) -> None:
+        if DataLoader2 is not None and isinstance(self.loader, DataLoader2):
+            self.loader.shutdown()
+        self.loader = None
+
+
+def _children_ticks() -> int:
+    """CPU ticks (user + system) of this process's children: the loaders' workers."""
+    me, total = str(os.getpid()), 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me:
+                total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def _ticks_of(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+class Row:
+    """One reader's loader and its measurements: wall time per pass, CPU per epoch."""
+
+    def __init__(self, name: str, loader: Loader):
+        self.name, self.loader = name, loader
+        self.seconds: list[float] = []
+        self.cpu_ms = {"workers": 0.0, "main": 0.0, "cluster": 0.0}
+        self.epochs = 0
+        self.samples = self.nbytes = 0
+
+    def measure(self, epochs: int, node_pids: list[int]) -> None:
+        tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+        workers, main, nodes = _children_ticks(), time.process_time(), _ticks_of(node_pids)
         started = time.perf_counter()
-        n, nbytes = _count(make())
-        best = min(best, time.perf_counter() - started)
-    return best, n, nbytes
+        for _ in range(epochs):
+            self.samples, self.nbytes = self.loader.epoch()
+        self.seconds.append(time.perf_counter() - started)
+        self.cpu_ms["workers"] += (_children_ticks() - workers) * tick_ms
+        self.cpu_ms["main"] += (time.process_time() - main) * 1000
+        self.cpu_ms["cluster"] += (_ticks_of(node_pids) - nodes) * tick_ms
+        self.epochs += epochs
+
+    def rate(self, best: bool = True) -> float:
+        ordered = sorted(self.seconds)
+        seconds = ordered[0] if best else ordered[len(ordered) // 2]
+        return self.samples * self.epochs_per_pass / seconds
+
+    @property
+    def epochs_per_pass(self) -> int:
+        return self.epochs // len(self.seconds)
+
+    def cpu_per_epoch(self) -> float:
+        return sum(self.cpu_ms.values()) / self.epochs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--per-shard", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-bench"))
+    parser.add_argument("--no-getbatch", dest="getbatch", action="store_false",
+                        help="skip the GetBatch comparison")
     args = parser.parse_args()
-
     with cluster_endpoint():
         run(args)
 
@@ -86,31 +198,136 @@ def run(args: argparse.Namespace) -> None:
     total_mb = sum(os.path.getsize(p) for p in files) / 1e6
     print(f"uploaded {len(files)} shards ({total_mb:.0f} MB) to ais://{BUCKET} on {endpoint()} "
           f"in {time.perf_counter() - t:.1f} s")
-    http = [f"{endpoint()}/v1/objects/{BUCKET}/{os.path.basename(p)}?provider=ais" for p in files]
+    names = [os.path.basename(p) for p in files]
+    http = [f"{endpoint()}/v1/objects/{BUCKET}/{n}?provider=ais" for n in names]
+    ais = [f"ais://{BUCKET}/{n}" for n in names]
+    sdk = [f"aissdk://{BUCKET}/{n}" for n in names]
 
-    def webdataset_reader(urls):
+    def webdataset(urls: list[str]) -> Callable[[], Iterable]:
         return lambda: wds.WebDataset(urls, shardshuffle=False, empty_check=False)
 
     rows = [
-        ("ours, local disk", lambda: ShardLister(files).load_tar().group_by_key()),
-        ("ours, AIS (ais://)", lambda: AISSourceLister(f"ais://{BUCKET}/").load_tar().group_by_key()),
-        ("ours, AIS over HTTP (urllib)", lambda: ShardLister(http).load_tar().group_by_key()),
-        ("webdataset, local disk", webdataset_reader(files)),
-        ("webdataset, AIS over HTTP (curl)", webdataset_reader(http)),
+        Row("ours, local disk", Loader("datapipes", lambda: ShardLister(files).load_tar().group_by_key())),
+        Row("ours, ais://", Loader("datapipes", lambda: ShardLister(ais).load_tar().group_by_key())),
+        Row("ours, ais://, listed each epoch", Loader(
+            "datapipes", lambda: AISSourceLister(f"ais://{BUCKET}/").load_tar().group_by_key())),
+        Row("ours, plain urllib (same objects)", Loader("datapipes", lambda: ShardLister(http).load_tar().group_by_key())),
+        Row("ours, SDK object reader", Loader("datapipes", lambda: ShardLister(sdk).load_tar().group_by_key())),
+        Row("webdataset, local disk", Loader("webdataset", webdataset(files))),
+        Row("webdataset, ais:// (aisio opener)", Loader("webdataset", webdataset(ais))),
+        Row("webdataset, HTTP (curl)", Loader("webdataset", webdataset(http))),
     ]
-    results = []
-    for name, make in rows:
-        seconds, n, nbytes = _best(make, args.repeats)
-        results.append((name, n / seconds, nbytes / seconds / 1e6))
-    base = results[0][1]
-    print(f"\n{'reader':34} {'samples/s':>10} {'MB/s':>8} {'vs ours-local':>14}")
-    for name, rate, mbps in results:
-        print(f"{name:34} {rate:10.0f} {mbps:8.1f} {rate / base:13.2f}x")
-    rate = {name: r for name, r, _ in results}
-    print(f"\nAIS / local disk (ours): {rate['ours, AIS (ais://)'] / rate['ours, local disk']:.2f}; "
-          f"ours (ais://) / webdataset (HTTP) from AIS: "
-          f"{rate['ours, AIS (ais://)'] / rate['webdataset, AIS over HTTP (curl)']:.2f}")
+    cluster = LocalCluster.running()
+    node_pids = [n.pid for n in cluster.nodes] if cluster is not None and cluster.endpoint == endpoint() else []
+    for row in rows:  # all loaders up (idle ones cost nothing), each warmed once
+        row.loader.start()
+        row.loader.epoch()
+    try:
+        for repeat in range(args.repeats):
+            for row in rows:  # interleaved: a burst of other load hits every row alike
+                row.measure(args.epochs, node_pids)
+            print(f"  pass {repeat + 1} of {args.repeats} done", file=sys.stderr)
+    finally:
+        for row in rows:
+            row.loader.stop()
+    _report(rows, node_pids)
     client.bucket(BUCKET).delete(missing_ok=True)
+    if args.getbatch:
+        getbatch_report(args.repeats)
+
+
+def _report(rows: list[Row], node_pids: list[int]) -> None:
+    by_name = {row.name: row for row in rows}
+    base = by_name["ours, local disk"].rate()
+    where = "this machine's cluster nodes included" if node_pids else "cluster nodes not measured (remote cluster)"
+    print(f"\nCPU: ms per epoch, workers + main process + cluster nodes ({where})")
+    print(f"\n| reader ({WORKERS} workers, raw) | samples/s (best) | median | MB/s | vs ours, local disk "
+          "| CPU per epoch | = workers + main + cluster |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for row in rows:
+        best = row.rate()
+        mbps = row.nbytes * row.epochs_per_pass / min(row.seconds) / 1e6
+        parts = " + ".join(f"{row.cpu_ms[k] / row.epochs:,.0f}" for k in ("workers", "main", "cluster"))
+        print(f"| {row.name} | {best:,.0f} | {row.rate(best=False):,.0f} | {mbps:,.0f} | {best / base:.2f} "
+              f"| {row.cpu_per_epoch():,.0f} ms | {parts} |")
+    ais, local = by_name["ours, ais://"], by_name["ours, local disk"]
+    urllib, sdk = by_name["ours, plain urllib (same objects)"], by_name["ours, SDK object reader"]
+    print("\nratio of ais:// to                    wall (best)  CPU per epoch (the other's / ours)")
+    for label, other, target in (("plain urllib, same objects", urllib, 0.9), ("local disk", local, 0.8),
+                                 ("the SDK's object reader", sdk, None),
+                                 ("webdataset over HTTP (curl)", by_name["webdataset, HTTP (curl)"], None)):
+        wall, cpu = ais.rate() / other.rate(), other.cpu_per_epoch() / ais.cpu_per_epoch()
+        verdict = ""
+        if target is not None:
+            verdict = f"  target >= {target}: wall {'met' if wall >= target else 'NOT met'}, " \
+                      f"CPU {'met' if cpu >= target else 'NOT met'}"
+        print(f"  {label:34} {wall:5.2f}        {cpu:5.2f}{verdict}")
+    if node_pids:
+        print(f"The cluster's nodes spend {ais.cpu_ms['cluster'] / ais.epochs:,.0f} of the {ais.cpu_per_epoch():,.0f} ms "
+              f"an ais:// epoch costs ({local.cpu_per_epoch():,.0f} ms from local disk): on this machine, where they "
+              f"share the cores with the readers, that caps ais:// at "
+              f"{local.cpu_per_epoch() / ais.cpu_per_epoch():.2f}x local disk whenever the cores are the limit.")
+    print("Wall times swing with other load on a shared machine; CPU per epoch does not.")
+
+
+def _best_seconds(fn: Callable[[], int], repeats: int) -> tuple[float, int]:
+    fn()  # warm-up
+    best, total = float("inf"), 0
+    for _ in range(repeats):
+        started = time.perf_counter()
+        total = fn()
+        best = min(best, time.perf_counter() - started)
+    return best, total
+
+
+def getbatch_report(repeats: int, small: int = 256, small_size: int = 16_384, mid: int = 8) -> None:
+    """Does the SDK's GetBatch (one request for many objects or byte ranges; aisnode v1.5.0
+    serves it) beat one GET per object for many small shards, or for mid-shard starts?"""
+    client = get_client()
+    bucket = client.bucket(f"{BUCKET}-gb")
+    bucket.delete(missing_ok=True)
+    bucket.create()
+    names = [f"small-{i:05d}.tar" for i in range(small)]
+    payload = os.urandom(small_size)
+    for name in names:
+        bucket.object(name).get_writer().put_content(payload)
+    big = [f"big-{i}.tar" for i in range(mid)]
+    blob = os.urandom(8 << 20)
+    for name in big:
+        bucket.object(name).get_writer().put_content(blob)
+    start = 5 << 20  # a mid-shard start: the last 3 MiB of each 8 MiB shard
+
+    def one_get_each(objects: list[str], offset: int = 0) -> int:
+        total = 0
+        for name in objects:
+            with open_ais_url(f"ais://{bucket.name}/{name}", start=offset) as stream:
+                total += len(stream.read())
+        return total
+
+    def get_batch(objects: list[str], size: int, offset: int = 0) -> int:
+        total = 0
+        for i in range(0, len(objects), size):
+            batch = client.batch(bucket=bucket)
+            for name in objects[i:i + size]:
+                batch.add(name, start=offset, length=-1) if offset else batch.add(name)
+            total += sum(len(data) for _, data in batch.get())
+        return total
+
+    cases = [
+        (f"{small} shards of {small_size // 1024} KiB", names, 0,
+         [("one GET each (ais://)", lambda: one_get_each(names))]
+         + [(f"GetBatch, {n} per request", lambda n=n: get_batch(names, n)) for n in (16, 64, small)]),
+        (f"{mid} mid-shard starts (last 3 MiB of 8 MiB)", big, start,
+         [("Range GET each (ais://, start=)", lambda: one_get_each(big, start)),
+          (f"GetBatch byte ranges, {mid} per request", lambda: get_batch(big, mid, start))]),
+    ]
+    print("\n| GetBatch vs one GET per object | case | objects/s (best) | MB/s |")
+    print("|---|---|---:|---:|")
+    for case, objects, _, variants in cases:
+        for label, fn in variants:
+            seconds, nbytes = _best_seconds(fn, repeats)
+            print(f"| {label} | {case} | {len(objects) / seconds:,.0f} | {nbytes / seconds / 1e6:,.0f} |")
+    bucket.delete(missing_ok=True)
 
 
 if __name__ == "__main__":

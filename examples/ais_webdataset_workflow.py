@@ -4,7 +4,8 @@
    (1797 8x8 images, shipped inside the scikit-learn package), written as PNG + class
    samples with webdataset's ``ShardWriter``; each shard goes to the bucket as it closes.
 2. Shuffle the samples across shards on the cluster with dSort.
-3. Stream the shuffled shards into a DataLoader2 training loop with 2 workers.
+3. Stream the shuffled shards into a DataLoader2 training loop with 2 workers (DataLoader
+   where torchdata has no DataLoader2).
 
 Run::
 
@@ -28,9 +29,8 @@ import numpy as np
 import torch
 import webdataset as wds
 from PIL import Image
-from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
 
-import wds_datapipes  # noqa: F401 - registers load_tar, group_by_key, decode, ...
+import wds_datapipes as wd  # registers load_tar, group_by_key, decode, ...
 from aisio import AISSourceLister, ShardUploader, dsort_shuffle, get_client
 from aisio.cluster import cluster_endpoint
 
@@ -81,10 +81,9 @@ def train(shards_url: str, epochs: int, workers: int) -> float:
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 10)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    loader = DataLoader2(make_pipe(shards_url), reading_service=MultiProcessingReadingService(num_workers=workers))
+    loader = make_loader(make_pipe(shards_url), workers)
     accuracy = 0.0
     try:
-        loader.seed(0)
         for epoch in range(epochs):
             started, seen, correct, total_loss = time.perf_counter(), 0, 0, 0.0
             for images, labels in loader:
@@ -100,8 +99,20 @@ def train(shards_url: str, epochs: int, workers: int) -> float:
             print(f"  epoch {epoch}: {seen} samples, loss {total_loss / seen:.3f}, "
                   f"train accuracy {accuracy:.3f}, {seen / (time.perf_counter() - started):.0f} samples/s")
     finally:
-        loader.shutdown()
+        getattr(loader, "shutdown", lambda: None)()
     return accuracy
+
+
+def make_loader(dp, workers: int):
+    """DataLoader2 with wds_datapipes' reading service; torch's DataLoader where torchdata has none."""
+    try:
+        from torchdata.dataloader2 import DataLoader2
+    except ImportError:  # torchdata >= 0.10
+        return torch.utils.data.DataLoader(dp, batch_size=None, num_workers=workers,
+                                           generator=torch.Generator().manual_seed(0))
+    loader = DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=workers))
+    loader.seed(0)
+    return loader
 
 
 def main() -> None:
@@ -130,7 +141,7 @@ def main() -> None:
         print(f"2. dSort shuffled them into {len(shuffled)} shards in ais://{SHUFFLED_BUCKET} "
               f"in {time.perf_counter() - t:.1f} s")
 
-        print(f"3. training from ais://{SHUFFLED_BUCKET} with {args.workers} DataLoader2 workers")
+        print(f"3. training from ais://{SHUFFLED_BUCKET} with {args.workers} loader workers")
         accuracy = train(f"ais://{SHUFFLED_BUCKET}/shuffled-", args.epochs, args.workers)
         print(f"done: train accuracy {accuracy:.3f}")
 

@@ -2,12 +2,14 @@
 
     python examples/train_digits.py [--data DIR] [--epochs 5] [--workers 2]
 
+On a stack without DataLoader2 (torchdata >= 0.10) it uses torch's DataLoader instead.
+
 1. Turns scikit-learn's digits (1,797 8x8 greyscale images that ship inside the package)
    into tar shards with webdataset's ShardWriter: PNG image + class label per sample,
    a train set and a held-out test set.
 2. Streams the train shards through ``list_shards -> load_tar -> group_by_key ->
    shuffle_samples -> decode -> to_tuple -> batch_samples`` under DataLoader2 with
-   2 worker processes (each reads whole, distinct shards; shuffles change each epoch).
+   2 worker processes (``wds_datapipes.MultiProcessingReadingService``) (each reads whole, distinct shards; shuffles change each epoch).
 3. Trains a small CNN for a few epochs with a progress bar, then prints samples/s and the
    test accuracy.
 """
@@ -28,10 +30,14 @@ from sklearn.datasets import load_digits
 from torch import nn
 from tqdm import tqdm
 
-warnings.filterwarnings("ignore", message=r"(?s).*'datapipes', 'dataloader2' modules are deprecated")
-from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
-
 import wds_datapipes as wd
+
+try:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"(?s).*'datapipes', 'dataloader2' modules are deprecated")
+        from torchdata.dataloader2 import DataLoader2
+except ImportError:  # torchdata >= 0.10
+    DataLoader2 = None
 
 
 def write_digit_shards(folder: str, per_shard: int = 200) -> tuple[str, str]:
@@ -91,9 +97,15 @@ def main() -> None:
     model = SmallCNN()
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     loss_fn = nn.CrossEntropyLoss()
-    loader = DataLoader2(pipeline(train_url, train=True),
-                         reading_service=MultiProcessingReadingService(num_workers=args.workers))
-    loader.seed(args.seed)
+    if DataLoader2 is not None:
+        loader = DataLoader2(pipeline(train_url, train=True),
+                             reading_service=wd.MultiProcessingReadingService(num_workers=args.workers))
+        loader.seed(args.seed)
+    else:
+        loader = torch.utils.data.DataLoader(pipeline(train_url, train=True), batch_size=None,
+                                             num_workers=args.workers,
+                                             generator=torch.Generator().manual_seed(args.seed))
+    print(f"loader: {type(loader).__name__} with {args.workers} workers")
     seen, start = 0, time.perf_counter()
     try:
         for epoch in range(args.epochs):
@@ -107,7 +119,8 @@ def main() -> None:
                 seen += len(labels)
                 bar.set_postfix(loss=f"{loss.item():.3f}")
     finally:
-        loader.shutdown()
+        if DataLoader2 is not None:
+            loader.shutdown()
     elapsed = time.perf_counter() - start
 
     model.eval()

@@ -34,3 +34,26 @@ def make_shards(tmp_path: Path) -> Callable[..., list[str]]:
         return paths
 
     return make
+
+
+
+@pytest.fixture
+def sized_shards(tmp_path: Path) -> Callable[..., list[str]]:
+    """Writes one shard per entry of ``sizes`` (that many samples each), with keys unique
+    across shards (``<prefix><shard>-<sample>``), a ``cls`` and a ``txt`` per sample."""
+
+    def make(sizes, prefix: str = "u", gz: bool = False, folder: Path | None = None) -> list[str]:
+        folder = folder or tmp_path
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for shard, n in enumerate(sizes):
+            path = folder / f"{prefix}-{shard:03d}.tar{'.gz' if gz else ''}"
+            with wds.TarWriter(str(path), compress=gz) as writer:
+                for i in range(n):
+                    writer.write({"__key__": f"{prefix}{shard}-{i:04d}", "cls": str(i).encode(),
+                                  "txt": f"sample {i} of shard {shard} ".encode() * (1 + i % 7)})
+            paths.append(str(path))
+        return paths
+
+    return make
+

@@ -65,11 +65,17 @@ def test_decode_batches_handles_mixed_sizes_and_formats_like_decode() -> None:
     samples = _samples(6)
     samples[2]["jpg"] = _jpeg(99, size=(17, 9))  # another size: no shared rows for this batch
     samples[4]["jpg"] = _jpeg(98, mode="L")  # greyscale JPEG read as RGB
-    mixed = [{**s, "jpg": _png(i)} if i % 2 else s for i, s in enumerate(_samples(6))]
-    for source in (samples, mixed):
-        expected = list(IterableWrapper(source).decode("torchrgb8").batch_samples(3))
-        got = list(IterableWrapper(source).decode_batches("torchrgb8", batch_size=3))
+    mislabeled = [{**s, "jpg": _png(i)} if i % 2 else s for i, s in enumerate(_samples(6))]
+    for source, formats in ((samples, None), (mislabeled, ["JPEG", "PNG"])):
+        expected = list(IterableWrapper(source).decode("torchrgb8", image_formats=formats).batch_samples(3))
+        got = list(IterableWrapper(source).decode_batches("torchrgb8", batch_size=3, image_formats=formats))
         assert _equal(got, expected)
+
+
+def test_decode_batches_refuses_a_png_in_a_jpg_field_unless_formats_are_widened() -> None:
+    mislabeled = [{**s, "jpg": _png(i)} if i % 2 else s for i, s in enumerate(_samples(4))]
+    with pytest.raises(DecodeError, match="'k1'.*cannot identify image"):
+        list(IterableWrapper(mislabeled).decode_batches("torchrgb8", batch_size=2))
 
 
 def test_decode_batches_drops_partial_batch_when_asked() -> None:

@@ -12,6 +12,7 @@ import warnings
 import msgpack
 import numpy as np
 import PIL.Image
+import PIL.ImageFile
 import pytest
 import torch
 import webdataset.autodecode as wds_autodecode
@@ -41,7 +42,13 @@ def _pixels(width: int, height: int, seed: int = 0) -> np.ndarray:
 def _encode(width: int, height: int, mode: str = "RGB", fmt: str = "JPEG", seed: int = 0, **save) -> bytes:
     image = PIL.Image.fromarray(_pixels(width, height, seed)).convert(mode)
     stream = io.BytesIO()
-    image.save(stream, fmt, **save)
+    # Pillow's guess of the buffer a progressive JPEG needs (2 bytes a pixel at quality >= 95) is
+    # too small for noise at quality 100 ("broken data stream when writing image file").
+    saved, PIL.ImageFile.MAXBLOCK = PIL.ImageFile.MAXBLOCK, max(PIL.ImageFile.MAXBLOCK, 4 * width * height)
+    try:
+        image.save(stream, fmt, **save)
+    finally:
+        PIL.ImageFile.MAXBLOCK = saved
     return stream.getvalue()
 
 

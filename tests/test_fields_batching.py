@@ -47,6 +47,20 @@ def test_to_tuple_picks_the_first_present_alternative():
     ]
 
 
+def test_to_tuple_takes_space_separated_names_in_one_string_as_webdataset_does():
+    samples = [_sample("a", jpg=b"j", cls=b"1"), _sample("b", png=b"p", cls=b"2")]
+    assert list(IterableWrapper(samples).to_tuple("png;jpg cls")) == [(b"j", b"1"), (b"p", b"2")]
+    assert list(IterableWrapper(samples).to_tuple("png;jpg cls")) == list(
+        IterableWrapper(samples).to_tuple("png;jpg", "cls"))
+    assert list(IterableWrapper(samples).to_tuple(" cls ")) == [(b"1",), (b"2",)]
+
+
+def test_to_tuple_treats_a_field_holding_none_as_missing_as_webdataset_does():
+    samples = [_sample("a", jpg=None, cls=b"1")]
+    with pytest.raises(SampleError, match="None"):
+        list(IterableWrapper(samples).to_tuple("jpg", "cls"))
+
+
 def test_to_tuple_missing_field_raises_sample_error_naming_sample_and_fields():
     samples = [_sample("ok", jpg=b"j", cls=b"1"), _sample("k7", txt=b"t", cls=b"2")]
     with pytest.raises(SampleError) as caught:

@@ -13,6 +13,7 @@ import pytest
 import webdataset as wds
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
@@ -231,6 +232,37 @@ def test_group_by_key_reads_a_tar_loader_through_shard_members(tmp_path, make_sh
     assert len(samples) == 12
 
 
+class _Forwarding(IterDataPipe):
+    """A pipe between load_tar and group_by_key that offers the shard_members capability."""
+
+    def __init__(self, source_datapipe):
+        self.source_datapipe = source_datapipe
+
+    def __iter__(self):
+        yield from self.source_datapipe
+
+    def shard_members(self):
+        return self.source_datapipe.shard_members()
+
+
+def test_group_by_key_takes_the_fast_path_from_any_source_offering_shard_members(make_shards, monkeypatch):
+    shards = make_shards(2, 3)
+    calls = []
+    original = TarLoader.shard_members
+    monkeypatch.setattr(TarLoader, "shard_members", lambda self: calls.append(self) or original(self))
+    samples = list(_Forwarding(ShardLister(shards).load_tar()).group_by_key())
+    assert len(calls) == 1
+    assert samples == _generic(shards)
+
+
+def test_group_by_key_over_plain_string_tuples_takes_a_run_of_one_url_as_a_shard():
+    members = [("a.tar", "x.txt", b"1"), ("a.tar", "x.cls", b"2"), ("b.tar", "x.txt", b"3")]
+    assert list(IterableWrapper(members).group_by_key()) == [
+        {"__key__": "x", "__url__": "a.tar", "txt": b"1", "cls": b"2"},
+        {"__key__": "x", "__url__": "b.tar", "txt": b"3"},
+    ]
+
+
 def test_group_by_key_gives_the_same_samples_from_tar_loader_and_from_tuples(tmp_path, make_shards):
     shards = make_shards(3, 5) + make_shards(1, 3, prefix="g", gz=True)
     fused, generic = _fused(shards), _generic(shards)
@@ -241,12 +273,6 @@ def test_group_by_key_gives_the_same_samples_from_tar_loader_and_from_tuples(tmp
     assert all(set(s) == {"__key__", "__url__", "cls", "txt"} for s in fused)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation (documented in WebDatasetGrouper): the generic path finds shard boundaries "
-    "as runs of one url (itertools.groupby), so a shard listed twice in a row ('a.tar::a.tar') becomes one shard: a key at its end and start merges "
-    "(SampleError here) where the fused path and webdataset give two samples",
-)
 def test_group_by_key_paths_agree_when_a_shard_is_listed_twice_in_a_row(tmp_path):
     url = _write(tmp_path / "s.tar", [("a.jpg", b"1")])
     expected = [{"__key__": "a", "__url__": url, "jpg": b"1"}] * 2

@@ -66,10 +66,41 @@ def test_list_shards_expands_a_local_glob_sorted(tmp_path):
 
 
 def test_list_shards_lists_a_directorys_tar_files_sorted(tmp_path):
-    _touch(tmp_path, "b.tar", "a.tgz", "c.tar.gz", "d.txt", "e.tar.bz2", "f.tar.idx", "sub/g.tar")
-    expected = [os.path.join(tmp_path, n) for n in ["a.tgz", "b.tar", "c.tar.gz"]]
+    _touch(tmp_path, "b.tar", "a.tgz", "c.tar.gz", "d.txt", "e.tar.bz2", "f.tar.idx", "sub/g.tar", "h.tar.xz",
+           "i.tar.zst", "j.zst")
+    expected = [os.path.join(tmp_path, n) for n in ["a.tgz", "b.tar", "c.tar.gz", "e.tar.bz2", "h.tar.xz", "i.tar.zst"]]
     assert list(ShardLister(str(tmp_path))) == expected
     assert list(ShardLister(f"file://{tmp_path}")) == ["file://" + path for path in expected]
+
+
+def test_list_shards_replaces_braced_variables_with_wds_environment_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("WDS_ROOT", str(tmp_path))
+    monkeypatch.setenv("WDS_SPLIT", "${KIND}-{0..1}")  # a value may hold variables and braces too
+    monkeypatch.setenv("WDS_KIND", "train")
+    shards = _touch(tmp_path, "train-0.tar", "train-1.tar")
+    assert list(ShardLister("${ROOT}/${SPLIT}.tar")) == shards
+    assert expand_url_spec("pipe:cat ${ROOT}/x.tar") == [f"pipe:cat {tmp_path}/x.tar"]
+    with pytest.raises(ValueError, match="WDS_MISSING"):
+        list(ShardLister("${MISSING}/a.tar"))
+
+
+def test_a_path_with_glob_characters_naming_an_existing_file_is_that_file(tmp_path):
+    literal, other = _touch(tmp_path, "shard[1].tar", "shard1.tar")
+    assert list(ShardLister(literal)) == [literal]
+    assert list(ShardLister(f"{tmp_path}/shard[12].tar")) == [other]  # no such file: a glob
+
+
+def test_file_urls_name_local_paths_as_webdataset_reads_them(tmp_path, make_shards, monkeypatch):
+    (shard,) = make_shards(1, 2)
+    expected = [(name, data) for _, name, data in ShardLister([shard]).load_tar()]
+    monkeypatch.chdir(os.path.dirname(shard))
+    relative = os.path.basename(shard)
+    for url in [f"file://{shard}", f"file://localhost{shard}", f"file:{shard}", f"file://{relative}",
+                f"file:{relative}"]:
+        members = list(ShardLister([url]).load_tar())
+        assert [(name, data) for _, name, data in members] == expected, url
+        assert {u for u, _, _ in members} == {url}
+    assert list(ShardLister(f"file://localhost{os.path.dirname(shard)}/*.tar")) == [f"file://localhost{shard}"]
 
 
 def test_list_shards_passes_remote_urls_through_untouched(tmp_path):
@@ -215,3 +246,14 @@ def test_shard_lister_pickles_with_its_state(tmp_path):
 def test_shard_lister_has_no_length(tmp_path):
     with pytest.raises(TypeError):
         len(ShardLister(_twenty(tmp_path)))
+
+
+def test_torchs_shuffle_pipe_stays_reachable_on_the_listers_and_exact_epochs(tmp_path, sized_shards):
+    from builders import write_index
+
+    from wds_datapipes import ExactEpochs
+
+    urls = _twenty(tmp_path)
+    assert sorted(ShardLister(urls).shuffle()) == sorted(urls)
+    index = write_index(sized_shards([3, 4]), tmp_path / "i.json")
+    assert len(list(ExactEpochs(index, batch_size=2).shuffle())) == 7

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from stack import DataLoader2, needs_dataloader2
 from torch.utils.data import DataLoader
-from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
 
+import wds_datapipes as wd
 from wds_datapipes import (
     NoShardsError,
     SampleError,
@@ -197,7 +198,7 @@ def _pipeline(urls, seed: int | None = None):
 
 
 def _dl2_epochs(dp, seed: int = 123, epochs: int = 2) -> list[list[str]]:
-    loader = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2))
+    loader = DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=2))
     loader.seed(seed)
     try:
         return [_keys(loader) for _ in range(epochs)]
@@ -210,7 +211,7 @@ def _dl_epochs(dp, seed: int = 5, epochs: int = 2) -> list[list[str]]:
     return [_keys(loader) for _ in range(epochs)]
 
 
-LOADERS = [pytest.param(_dl2_epochs, id="DataLoader2"), pytest.param(_dl_epochs, id="DataLoader")]
+LOADERS = [pytest.param(_dl2_epochs, id="DataLoader2", marks=needs_dataloader2), pytest.param(_dl_epochs, id="DataLoader")]
 
 
 @pytest.fixture
@@ -280,9 +281,10 @@ def _pids_by_url(samples) -> dict[str, set[int]]:
     return pids
 
 
+@needs_dataloader2
 def test_dataloader2_workers_read_whole_distinct_shards(six_shards):
     dp = ShardLister(six_shards).load_tar().group_by_key().map(_tag_pid)
-    loader = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2))
+    loader = DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=2))
     try:
         samples = list(loader)
     finally:
@@ -307,7 +309,7 @@ def test_dataloader_workers_read_whole_distinct_shards(six_shards):
 
 
 def _dl2_list(dp) -> list[dict]:
-    loader = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2))
+    loader = DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=2))
     try:
         return list(loader)
     finally:
@@ -324,7 +326,7 @@ def _dl_list(dp) -> list[dict]:
         iterator._shutdown_workers()
 
 
-LISTS = [pytest.param(_dl2_list, id="DataLoader2"), pytest.param(_dl_list, id="DataLoader")]
+LISTS = [pytest.param(_dl2_list, id="DataLoader2", marks=needs_dataloader2), pytest.param(_dl_list, id="DataLoader")]
 
 
 @pytest.mark.parametrize("collect", LISTS)
@@ -346,14 +348,15 @@ def _uneven_shards(make_shards, tmp_path) -> list[str]:
     return [make_shards(1, n, prefix=f"u{i}")[0] for i, n in enumerate(sizes)]
 
 
+@needs_dataloader2
 @pytest.mark.parametrize("num_workers", [2, 3])
 def test_dataloader2_reads_uneven_shards_completely_every_epoch(make_shards, tmp_path, num_workers):
-    # torchdata 0.8's own worker loop fails here (pytorch/data#1310); wds_datapipes installs a fix.
+    # torchdata 0.8's own worker loop fails here (pytorch/data#1310); wds_datapipes' reading service fixes it.
     shards = _uneven_shards(make_shards, tmp_path)
     expected = sorted(s["__key__"] for s in ShardLister(shards).load_tar().group_by_key())
     assert len(expected) == 20
     dp = ShardLister(shards, shuffle=True, allow_empty=True).load_tar().group_by_key()
-    loader = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=num_workers))
+    loader = DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=num_workers))
     loader.seed(1)
     try:
         epochs = [_keys(loader) for _ in range(3)]

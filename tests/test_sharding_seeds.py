@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import copy
 
+from stack import needs_dataloader2
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph_settings import apply_sharding
-from torchdata.dataloader2.graph.settings import set_graph_random_seed
-from torchdata.dataloader2.random import SeedGenerator
 
 from wds_datapipes import ShardLister
 
@@ -19,7 +18,11 @@ def _full_order(lister: ShardLister) -> list[str]:
     return list(lister.sharded.source_datapipe)
 
 
+@needs_dataloader2
 def test_dataloader2_seeds_give_every_worker_the_same_shard_order() -> None:
+    from torchdata.dataloader2.graph.settings import set_graph_random_seed
+    from torchdata.dataloader2.random import SeedGenerator
+
     # DataLoader2 seeds each worker's copy of the graph from a generator spawned per
     # worker; pipes before the sharding point must get the seed shared by all of them.
     lister = ShardLister(URLS, shuffle=True)
@@ -34,7 +37,11 @@ def test_dataloader2_seeds_give_every_worker_the_same_shard_order() -> None:
         assert sorted(orders[0]) == URLS and orders[0] != URLS
 
 
+@needs_dataloader2
 def test_dataloader2_seed_changes_the_shard_order() -> None:
+    from torchdata.dataloader2.graph.settings import set_graph_random_seed
+    from torchdata.dataloader2.random import SeedGenerator
+
     lister = ShardLister(URLS, shuffle=True)
     orders = []
     for seed in (1, 2):

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import io
 import itertools
-import random
-import signal
 import tarfile
 from datetime import timedelta
 
@@ -15,6 +12,7 @@ import pytest
 import webdataset as wds
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tar_builders import build_tar, random_bytes, time_limit
 
 from wds_datapipes.errors import ShardFormatError
 from wds_datapipes.tar_reader import iter_tar_members
@@ -22,26 +20,6 @@ from wds_datapipes.tar_reader import iter_tar_members
 URL = "file:///data/shard-000042.tar"
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 CHUNKS = [512, 1000, 4096]
-
-
-def _bytes(n: int, seed: int = 0) -> bytes:
-    """Incompressible bytes that end in non-zero bytes (zero blocks mean end-of-archive)."""
-    return random.Random(seed).randbytes(n - 1) + b"\xff" if n else b""
-
-
-def build_tar(members, fmt: int = tarfile.GNU_FORMAT, **tar_options) -> bytes:
-    """Archive bytes written by ``tarfile``: ``(name | TarInfo, data)`` pairs or bare ``TarInfo``s."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=fmt, **tar_options) as tar:
-        for member in members:
-            if isinstance(member, tarfile.TarInfo):
-                tar.addfile(member)
-                continue
-            info, data = member
-            info = tarfile.TarInfo(info) if isinstance(info, str) else info
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
 
 
 def _info(name: str, kind: bytes, **fields) -> tarfile.TarInfo:
@@ -57,10 +35,10 @@ def _rich_members(fmt: int) -> list:
     members = [
         ("a.txt", b"hello"),
         _info("dir", tarfile.DIRTYPE),
-        ("dir/x.y.z.JPG", _bytes(700, 1)),
+        ("dir/x.y.z.JPG", random_bytes(700, 1)),
         ("empty.txt", b""),
-        ("exact.bin", _bytes(512, 2)),
-        ("big.bin", _bytes(9000, 3)),  # larger than every chunk size tested
+        ("exact.bin", random_bytes(512, 2)),
+        ("big.bin", random_bytes(9000, 3)),  # larger than every chunk size tested
         _info("link.txt", tarfile.SYMTYPE, linkname="a.txt"),
         _info("hard.txt", tarfile.LNKTYPE, linkname="a.txt"),
         _info("olddir/", tarfile.AREGTYPE),  # an old-style (v7) directory entry
@@ -191,7 +169,7 @@ def test_reader_yields_nothing_for_an_empty_archive(compression):
 def test_reader_reports_an_archive_cut_before_its_end_of_archive_block(chunk_size):
     # tarfile would end quietly here; we cannot tell such a cut from the loss of whole
     # members, so it is reported as truncated, after every complete member was yielded.
-    plain = build_tar([("a.txt", b"x" * 100), ("b.bin", _bytes(3000))])
+    plain = build_tar([("a.txt", b"x" * 100), ("b.bin", random_bytes(3000))])
     with tarfile.open(fileobj=io.BytesIO(plain)) as tar:
         last = tar.getmembers()[-1]
     end = last.offset_data + (last.size + 511) // 512 * 512
@@ -205,7 +183,7 @@ def test_reader_reports_an_archive_cut_before_its_end_of_archive_block(chunk_siz
 
 
 def test_reader_reads_a_member_far_larger_than_its_chunk():
-    big = _bytes(300_000, 9)
+    big = random_bytes(300_000, 9)
     plain = build_tar([("a.bin", big), ("b.txt", b"after")])
     assert _ours(plain, 512) == [("a.bin", big), ("b.txt", b"after")]
     assert _ours(gzip.compress(plain), 512) == [("a.bin", big), ("b.txt", b"after")]
@@ -218,7 +196,7 @@ def _layout():
     """An archive and its members' header and data offsets, read back with tarfile."""
     long_name = "n" * 130 + ".bin"
     plain = build_tar(
-        [("a.txt", b"x" * 100), ("b.bin", _bytes(3000, 4)), (long_name, _bytes(2000, 5)), ("c.txt", b"c" * 10)],
+        [("a.txt", b"x" * 100), ("b.bin", random_bytes(3000, 4)), (long_name, random_bytes(2000, 5)), ("c.txt", b"c" * 10)],
         tarfile.GNU_FORMAT,
     )
     with tarfile.open(fileobj=io.BytesIO(plain)) as tar:
@@ -327,34 +305,14 @@ def test_corrupt_gzip_data_raises_shard_format_error():
         _ours(bytes(packed))
 
 
-def test_gnu_sparse_member_raises_shard_format_error():
-    plain = build_tar([(_info("sparse.bin", tarfile.GNUTYPE_SPARSE), b"")])
-    with pytest.raises(ShardFormatError, match="sparse"):
-        _ours(plain)
-
-
 # ---------------------------------------------------------------- property: garbage in, our error out
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: int):
-    def expired(signum, frame):
-        raise TimeoutError(f"the reader ran for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 _FUZZ_PLAIN = build_tar(
     [
         ("a.txt", b"hello"),
         _info("d", tarfile.DIRTYPE),
-        ("d/x.y.JPG", _bytes(600, 7)),
+        ("d/x.y.JPG", random_bytes(600, 7)),
         ("ü" * 60 + ".txt", b"pax path"),
         ("e.cls", b"3"),
     ],
@@ -391,7 +349,7 @@ def _damaged_archives(draw) -> bytes:
 @given(data=_damaged_archives(), chunk_size=st.sampled_from(CHUNKS), read_only=st.booleans())
 def test_damaged_archive_yields_members_or_raises_shard_format_error(data, chunk_size, read_only):
     stream = _ReadOnly(data, step=333) if read_only else io.BytesIO(data)
-    with _time_limit(5):
+    with time_limit(5):
         try:
             for name, value in iter_tar_members(stream, URL, chunk_size):
                 assert isinstance(name, str)

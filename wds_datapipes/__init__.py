@@ -2,54 +2,88 @@
 
 Importing this package registers the functional names: ``list_shards``, ``load_tar``,
 ``group_by_key``, ``decode``, ``decode_batches``, ``shuffle_samples``, ``batch_samples``, ``to_tuple``,
-``rename_keys``, ``map_fields``.
+``rename_keys``, ``map_fields``; and, on every DataPipe, ``state_dict``, ``load_state_dict`` and
+``set_epoch``, which reach an :class:`ExactEpochs` upstream. It imports no torchdata:
+``wds_datapipes.MultiProcessingReadingService`` (DataLoader2's, with a fixed worker loop) imports
+it when first used.
 """
 
-from . import dataloader2_fix
 from .batch_decoding import BatchDecoder
 from .batching import Batcher, collate
 from .decoding import Decoder
+from .epoch_plan import PlanSettings
+from .epoch_state import EpochState
 from .errors import (
     DecodeError,
+    IndexMismatchError,
     NoShardsError,
     SampleError,
     ShardFormatError,
     ShardOpenError,
+    ShardReadError,
     WdsError,
 )
+from .exact_epochs import ExactEpochs
 from .fields import FieldMapper, KeyRenamer, TupleMaker
 from .grouping import WebDatasetGrouper, split_key
 from .handlers import ignore_and_continue, reraise_exception, warn_and_continue
+from .limits import Limits, get_limits, set_limits
 from .openers import open_shard, register_opener
+from .shard_index import ShardIndex, ShardInfo, build_index, scan_shard
 from .shard_listing import ShardListBase, ShardLister
 from .shuffling import Shuffler
 from .tar_loader import TarLoader
+from .topology import Topology
+from .vision import CenterCrop, RandomResizedCrop
 
-dataloader2_fix.install()
+
+def __getattr__(name: str):
+    if name == "MultiProcessingReadingService":
+        from .dataloader2_fix import reading_service_class
+
+        return reading_service_class()
+    raise AttributeError(f"module 'wds_datapipes' has no attribute {name!r}")
+
 
 __all__ = [
     "BatchDecoder",
     "Batcher",
+    "CenterCrop",
     "DecodeError",
     "Decoder",
+    "EpochState",
+    "ExactEpochs",
     "FieldMapper",
+    "IndexMismatchError",
     "KeyRenamer",
+    "Limits",
+    "MultiProcessingReadingService",
     "NoShardsError",
+    "PlanSettings",
+    "RandomResizedCrop",
     "SampleError",
     "ShardFormatError",
+    "ShardIndex",
+    "ShardInfo",
     "ShardListBase",
     "ShardLister",
     "ShardOpenError",
+    "ShardReadError",
     "Shuffler",
     "TarLoader",
+    "Topology",
     "TupleMaker",
     "WdsError",
     "WebDatasetGrouper",
+    "build_index",
     "collate",
+    "get_limits",
     "ignore_and_continue",
     "open_shard",
     "register_opener",
     "reraise_exception",
+    "scan_shard",
+    "set_limits",
     "split_key",
     "warn_and_continue",
 ]

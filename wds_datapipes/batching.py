@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from numbers import Number
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .pipe_base import Pipe
+from .threads import check_positive
+from .torch_datapipes import IterDataPipe, functional_datapipe
+
+
+def chunks(items: Iterable[Any], size: int, partial: bool = True) -> Iterator[list]:
+    """Lists of ``size`` consecutive items; the last, shorter one only if ``partial``."""
+    batch: list = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch and partial:
+        yield batch
 
 
 def collate(items: Sequence[Any]) -> Any:
@@ -95,21 +108,14 @@ class Batcher(Pipe):
         >>> samples.to_tuple("jpg", "cls").batch_samples(64)
     """
 
-    def __init__(self, source_datapipe: IterDataPipe, batch_size: int, partial: bool = True, collate_fn=None):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    def __init__(self, source_datapipe: IterDataPipe, batch_size: int, partial: bool = True,
+                 collate_fn: Callable[[list], Any] | None = None):
         self.source_datapipe = source_datapipe
-        self.batch_size = batch_size
+        self.batch_size = check_positive("batch_size", batch_size)
         self.partial = partial
         self.collate_fn = collate_fn
 
     def __iter__(self) -> Iterator[Any]:
         combine = self.collate_fn or collate
-        batch: list = []
-        for sample in self.source_datapipe:
-            batch.append(sample)
-            if len(batch) == self.batch_size:
-                yield combine(batch)
-                batch = []
-        if batch and self.partial:
+        for batch in chunks(self.source_datapipe, self.batch_size, self.partial):
             yield combine(batch)

@@ -10,25 +10,27 @@ purpose are listed in :class:`SampleDecoder`.
 
 from __future__ import annotations
 
-import collections
 import fnmatch
-import gzip
 import io
 import json
+import math
 import pickle
 import re
+import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import PIL.Image
 import torch
-from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .errors import DecodeError
-from .handlers import Handler, reraise_exception
+from .handlers import Handler, reraise_exception, skips
+from .limits import Limits, get_limits
 from .pipe_base import Pipe
+from .threads import check_positive, ordered_map, worker_threads
+from .torch_datapipes import IterDataPipe, functional_datapipe
 
 try:
     import simplejpeg
@@ -36,13 +38,16 @@ except ImportError:  # the [fast] extra is optional: Pillow decodes everything
     simplejpeg = None
 
 __all__ = [
+    "EXTERNAL_PROGRAM_FORMATS",
     "IMAGE_EXTENSIONS",
     "IMAGE_SPECS",
     "Decoder",
     "SampleDecoder",
     "decode_image",
     "decode_jpeg_into",
+    "image_formats_for",
     "jpeg_into_buffer_shape",
+    "safe_image_formats",
 ]
 
 # What Pillow opens, as listed by webdataset.autodecode.IMAGE_EXTENSIONS.
@@ -58,25 +63,34 @@ IMAGE_EXTENSIONS = frozenset(
 )
 # fmt: on
 
-# spec name -> (container, element type, Pillow mode), as webdataset.autodecode.imagespecs.
-IMAGE_SPECS: dict[str, tuple[str, str | None, str]] = {
-    "l8": ("numpy", "uint8", "L"),
-    "rgb8": ("numpy", "uint8", "RGB"),
-    "rgba8": ("numpy", "uint8", "RGBA"),
-    "l": ("numpy", "float", "L"),
-    "rgb": ("numpy", "float", "RGB"),
-    "rgba": ("numpy", "float", "RGBA"),
-    "torchl8": ("torch", "uint8", "L"),
-    "torchrgb8": ("torch", "uint8", "RGB"),
-    "torchrgba8": ("torch", "uint8", "RGBA"),
-    "torchl": ("torch", "float", "L"),
-    "torchrgb": ("torch", "float", "RGB"),
-    "torch": ("torch", "float", "RGB"),
-    "torchrgba": ("torch", "float", "RGBA"),
-    "pill": ("pil", None, "L"),
-    "pil": ("pil", None, "RGB"),
-    "pilrgb": ("pil", None, "RGB"),
-    "pilrgba": ("pil", None, "RGBA"),
+class ImageSpec(NamedTuple):
+    """What an image spec name makes: a ``container`` (numpy, torch, pil), an ``element``
+    type (uint8, float, or None for PIL) and a Pillow ``mode`` (L, RGB, RGBA)."""
+
+    container: str
+    element: str | None
+    mode: str
+
+
+# spec name -> ImageSpec, as webdataset.autodecode.imagespecs.
+IMAGE_SPECS: dict[str, ImageSpec] = {
+    "l8": ImageSpec("numpy", "uint8", "L"),
+    "rgb8": ImageSpec("numpy", "uint8", "RGB"),
+    "rgba8": ImageSpec("numpy", "uint8", "RGBA"),
+    "l": ImageSpec("numpy", "float", "L"),
+    "rgb": ImageSpec("numpy", "float", "RGB"),
+    "rgba": ImageSpec("numpy", "float", "RGBA"),
+    "torchl8": ImageSpec("torch", "uint8", "L"),
+    "torchrgb8": ImageSpec("torch", "uint8", "RGB"),
+    "torchrgba8": ImageSpec("torch", "uint8", "RGBA"),
+    "torchl": ImageSpec("torch", "float", "L"),
+    "torchrgb": ImageSpec("torch", "float", "RGB"),
+    "torch": ImageSpec("torch", "float", "RGB"),
+    "torchrgba": ImageSpec("torch", "float", "RGBA"),
+    "pill": ImageSpec("pil", None, "L"),
+    "pil": ImageSpec("pil", None, "RGB"),
+    "pilrgb": ImageSpec("pil", None, "RGB"),
+    "pilrgba": ImageSpec("pil", None, "RGBA"),
 }
 
 # A user handler: an image spec name, fn(".suffix", data) -> value or None, or {pattern: fn(data)}.
@@ -90,7 +104,37 @@ PICKLE_EXTENSIONS = frozenset({"pyd", "pickle", "pkl"})
 ################################################################
 
 
-def decode_image(data: bytes, spec: str) -> Any:
+# Pillow formats whose plugin starts another program (EPS runs Ghostscript): never opened
+# unless the user names them (``image_formats=("EPS",)``).
+EXTERNAL_PROGRAM_FORMATS = frozenset({"EPS"})
+
+
+def safe_image_formats() -> tuple[str, ...]:
+    """Every format Pillow can open here except those that start another program."""
+    PIL.Image.init()
+    return tuple(sorted(set(PIL.Image.OPEN) - EXTERNAL_PROGRAM_FORMATS))
+
+
+def image_formats_for(extension: str) -> tuple[str, ...]:
+    """The Pillow formats an image field of this extension (``"jpg"``, ``"png"``) is opened as.
+
+    A ``.jpg`` is opened only as JPEG, a ``.png`` only as PNG, and so on, so the bytes
+    cannot pick a format the name does not. Raises ValueError for an extension Pillow has
+    no format for, and for one whose format starts another program (EPS).
+    """
+    PIL.Image.init()
+    name = PIL.Image.registered_extensions().get("." + extension.lower())
+    if name is None:
+        raise ValueError(f"no image format is known for the suffix {extension!r}")
+    if name in EXTERNAL_PROGRAM_FORMATS:
+        raise ValueError(
+            f"{name} images (suffix {extension!r}) make Pillow run an external program; they are opened "
+            f"only when named, e.g. decode(..., image_formats=[{name!r}])"
+        )
+    return (name,)
+
+
+def decode_image(data: bytes, spec: str, formats: Iterable[str] | None = None, max_pixels: int | None = None) -> Any:
     """Decode image bytes as the named spec (``"rgb8"``, ``"torchrgb"``, ``"pil"``, ...).
 
     Numpy specs give HxWxC arrays (HxW for the ``l`` kinds), torch specs CxHxW tensors (HxW
@@ -99,15 +143,22 @@ def decode_image(data: bytes, spec: str) -> Any:
     *view* of an HxWxC array, so they are not contiguous (call ``.contiguous()`` if needed).
     All values equal webdataset's, which decodes with Pillow; JPEGs are decoded with
     simplejpeg when it is installed and gives the same pixels.
+
+    ``formats`` names the Pillow formats the bytes may be (see :func:`image_formats_for`);
+    None allows every format except those that start another program (EPS). An image of
+    more than ``max_pixels`` pixels (default: ``Limits.max_image_pixels``) raises ValueError
+    before its pixels are decoded.
     """
     if spec not in IMAGE_SPECS:
         raise ValueError(f"unknown image spec {spec!r}; known: {' '.join(IMAGE_SPECS)}")
+    formats = safe_image_formats() if formats is None else tuple(formats)
+    max_pixels = get_limits().max_image_pixels if max_pixels is None else max_pixels
     container, element, mode = IMAGE_SPECS[spec]
     if container == "pil":
-        return _pillow_image(data, mode)
-    pixels = _jpeg_pixels(data, mode)
+        return _pillow_image(data, mode, formats, max_pixels)
+    pixels = _jpeg_pixels(data, mode, max_pixels) if "JPEG" in formats else None
     if pixels is None:
-        pixels = _pillow_pixels(data, mode)
+        pixels = _pillow_pixels(data, mode, formats, max_pixels)
     if element == "float":
         floats = _to_float(pixels, channels_first=container == "torch")
         return floats if container == "numpy" else torch.from_numpy(floats)
@@ -119,24 +170,37 @@ def decode_image(data: bytes, spec: str) -> Any:
     return tensor.permute(2, 0, 1) if tensor.ndim == 3 else tensor
 
 
-def _pillow_image(data: bytes, mode: str) -> PIL.Image.Image:
+def _pillow_image(data: bytes, mode: str, formats: tuple[str, ...], max_pixels: int) -> PIL.Image.Image:
     """A plain ``Image`` in ``mode``, as webdataset returns (``convert`` copies even in the same mode)."""
-    return _pillow_open(data).convert(mode)
+    return _pillow_open(data, formats, max_pixels).convert(mode)
 
 
-def _pillow_pixels(data: bytes, mode: str) -> np.ndarray:
-    image = _pillow_open(data)
+def _pillow_pixels(data: bytes, mode: str, formats: tuple[str, ...], max_pixels: int) -> np.ndarray:
+    image = _pillow_open(data, formats, max_pixels)
     return np.asarray(image if image.mode == mode else image.convert(mode))  # read-only
 
 
-def _pillow_open(data: bytes) -> PIL.Image.Image:
+def _pillow_open(data: bytes, formats: tuple[str, ...], max_pixels: int) -> PIL.Image.Image:
     with io.BytesIO(data) as stream:
-        image = PIL.Image.open(stream)
+        image = PIL.Image.open(stream, formats=formats)  # reads the header only
+        _check_pixels(image.width, image.height, max_pixels)
         image.load()
     return image
 
 
-def _jpeg_pixels(data: bytes, mode: str) -> np.ndarray | None:
+def check_image_pixels(data: bytes, formats: tuple[str, ...], max_pixels: int) -> None:
+    """Raises ValueError for an image of more than ``max_pixels`` pixels, from its header alone."""
+    with io.BytesIO(data) as stream, PIL.Image.open(stream, formats=formats) as image:
+        _check_pixels(image.width, image.height, max_pixels)
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise ValueError(f"the image is {width}x{height}, {width * height} pixels: more than the limit of "
+                         f"{max_pixels} (Limits.max_image_pixels)")
+
+
+def _jpeg_pixels(data: bytes, mode: str, max_pixels: int | None = None) -> np.ndarray | None:
     """Decode a JPEG with simplejpeg, or return None where Pillow must do it.
 
     simplejpeg gives the same pixels as Pillow (same libjpeg-turbo settings: accurate DCT,
@@ -145,7 +209,7 @@ def _jpeg_pixels(data: bytes, mode: str) -> np.ndarray | None:
     (Pillow handles Adobe's inverted CMYK its own way), nor for a colour JPEG read as L: Y
     is not Pillow's RGB->L luma, so that one is converted by Pillow from simplejpeg's RGB.
     """
-    header = _exact_jpeg_header(data)
+    header = _exact_jpeg_header(data, get_limits().max_image_pixels if max_pixels is None else max_pixels)
     if header is None:
         return None
     colorspace = header[2]
@@ -159,24 +223,26 @@ def _jpeg_pixels(data: bytes, mode: str) -> np.ndarray | None:
         return None
 
 
-def _exact_jpeg_header(data: bytes) -> tuple[int, int, str] | None:
+def _exact_jpeg_header(data: bytes, max_pixels: int) -> tuple[int, int, str] | None:
     """(height, width, colorspace) of a JPEG that simplejpeg decodes to Pillow's exact
-    pixels (YCbCr or greyscale, within Pillow's size guard), else None."""
+    pixels (YCbCr or greyscale, within Pillow's size guard and ``max_pixels``), else None
+    (Pillow then decodes it, or refuses it)."""
     if simplejpeg is None or not data.startswith(b"\xff\xd8"):
         return None
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError:
         return None
-    if colorspace not in ("YCbCr", "Gray") or _too_big_for_pillow(height * width):
+    if colorspace not in ("YCbCr", "Gray") or _too_big_for_pillow(height * width) or height * width > max_pixels:
         return None
     return height, width, colorspace
 
 
-def jpeg_into_buffer_shape(data: bytes, mode: str) -> tuple[int, int, int] | None:
+def jpeg_into_buffer_shape(data: bytes, mode: str, max_pixels: int | None = None) -> tuple[int, int, int] | None:
     """(height, width, channels) if ``data`` decodes in ``mode`` by :func:`decode_jpeg_into`
-    with Pillow's exact pixels, else None."""
-    header = _exact_jpeg_header(data) if mode in ("RGB", "RGBA") else None
+    with Pillow's exact pixels and has at most ``max_pixels`` pixels, else None."""
+    max_pixels = get_limits().max_image_pixels if max_pixels is None else max_pixels
+    header = _exact_jpeg_header(data, max_pixels) if mode in ("RGB", "RGBA") else None
     return None if header is None else (header[0], header[1], len(mode))
 
 
@@ -212,20 +278,79 @@ def _json(data: bytes) -> Any:
     return json.loads(data)
 
 
-def _npy(data: bytes, allow_pickle: bool) -> np.ndarray:
-    return np.lib.format.read_array(io.BytesIO(data), allow_pickle=allow_pickle)
+def _npy(data: bytes, allow_pickle: bool, limits: Limits) -> np.ndarray:
+    stream = io.BytesIO(data)
+    _check_npy_header(stream, len(data), limits.max_array_bytes)
+    stream.seek(0)
+    return np.lib.format.read_array(stream, allow_pickle=allow_pickle)
 
 
-def _npz(data: bytes, allow_pickle: bool) -> dict[str, np.ndarray]:
+def _check_npy_header(stream: Any, available: int, limit: int) -> None:
+    """Raises ValueError where an npy header claims more bytes than ``limit``, or than the
+    ``available`` bytes hold: numpy allocates the array before it reads the data."""
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:  # 3.0 (utf-8 field names): numpy reads it with the same private helper as the others
+        shape, _, dtype = np.lib.format._read_array_header(stream, version)
+    if dtype.hasobject:
+        return  # pickled objects: only with allow_pickle, and no size to check
+    claimed = math.prod(shape) * dtype.itemsize
+    if claimed > limit:
+        raise ValueError(f"the array is {shape} of {dtype}, {claimed} bytes: more than the limit of {limit} "
+                         "(Limits.max_array_bytes)")
+    if claimed > available - stream.tell():
+        raise ValueError(f"the array header claims {shape} of {dtype}, {claimed} bytes; the data holds "
+                         f"{available - stream.tell()}")
+
+
+def _npz(data: bytes, allow_pickle: bool, limits: Limits) -> dict[str, np.ndarray]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        _check_npz(archive, limits.max_array_bytes)
     with np.load(io.BytesIO(data), allow_pickle=allow_pickle) as arrays:
         return dict(arrays)
 
 
-def _torch(data: bytes, allow_pickle: bool) -> Any:
+def _check_npz(archive: zipfile.ZipFile, limit: int) -> None:
+    """Raises ValueError where an npz unpacks to more than ``limit`` bytes (a zip bomb), or
+    where an array's header claims more than its zip member holds."""
+    members = archive.infolist()
+    unpacked = sum(info.file_size for info in members)
+    if unpacked > limit:
+        raise ValueError(f"the npz unpacks to {unpacked} bytes: more than the limit of {limit} "
+                         "(Limits.max_array_bytes)")
+    for info in members:
+        with archive.open(info) as member:
+            if member.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:
+                continue  # not an array: numpy returns its bytes
+        with archive.open(info) as member:
+            _check_npy_header(member, info.file_size, limit)
+
+
+def _torch(data: bytes, allow_pickle: bool, limits: Limits) -> Any:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=not allow_pickle)
 
 
-def _unpickle(data: bytes, allow_pickle: bool) -> Any:
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """The bytes of a gzip field (concatenated members joined), at most ``limit`` of them."""
+    out: list[bytes] = []
+    total = 0
+    while data:
+        inflater = zlib.decompressobj(wbits=31)  # checks each member's CRC and length
+        chunk = inflater.decompress(data, limit + 1 - total)
+        total += len(chunk)
+        if total > limit:
+            raise ValueError(f"the gzip data unpacks to more than the limit of {limit} bytes (Limits.max_gz_bytes)")
+        if not inflater.eof:
+            raise ValueError("truncated gzip data")
+        out.append(chunk)
+        data = inflater.unused_data
+    return b"".join(out)
+
+
+def _unpickle(data: bytes, allow_pickle: bool, limits: Limits) -> Any:
     if not allow_pickle:
         raise ValueError(
             "pickled data can run arbitrary code when loaded, so it is refused; "
@@ -266,8 +391,8 @@ _SAFE_DECODERS: dict[str, Callable[[bytes], Any]] = {
     "cbor": _cbor,
     **dict.fromkeys(("ten", "tb", "tenbin"), _tenbin),
 }
-# These take allow_pickle: object arrays, full torch.load and pickle only when it is True.
-_TRUSTING_DECODERS: dict[str, Callable[[bytes, bool], Any]] = {
+# These take allow_pickle (object arrays, full torch.load and pickle only when it is True) and the limits.
+_TRUSTING_DECODERS: dict[str, Callable[[bytes, bool, Limits], Any]] = {
     "npy": _npy,
     "npz": _npz,
     "pth": _torch,
@@ -295,12 +420,63 @@ def _pattern_matches(pattern: str, suffix: str) -> bool:
     return suffix == pattern or suffix.endswith("." + pattern)
 
 
-def _check_spec(spec: Any) -> None:
+def _check_formats(names: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(names, str):
+        raise TypeError(f"image_formats is a list of Pillow format names, not the string {names!r}")
+    PIL.Image.init()
+    formats = tuple(name.upper() for name in names)
+    unknown = [name for name in formats if name not in PIL.Image.OPEN]
+    if unknown:
+        raise ValueError(f"unknown image formats {unknown}; Pillow opens: {' '.join(sorted(PIL.Image.OPEN))}")
+    return formats
+
+
+class ImageHandler:
+    """An image spec name, compiled: decodes the fields whose last dot-part is an image suffix."""
+
+    def __init__(self, name: str):
+        if name not in IMAGE_SPECS:
+            raise ValueError(f"unknown image spec {name!r}; known: {' '.join(IMAGE_SPECS)}")
+        self.name, self.spec = name, IMAGE_SPECS[name]
+
+    def __call__(self, suffix: str, data: bytes, decoder: SampleDecoder) -> Any:
+        if suffix.rpartition(".")[2] not in IMAGE_EXTENSIONS:
+            return None
+        return decode_image(data, self.name, decoder.formats_for(suffix), decoder.limits.max_image_pixels)
+
+
+class PatternHandler:
+    """A ``{pattern: fn(data)}`` dict, compiled: the first pattern that matches the suffix decides."""
+
+    def __init__(self, patterns: Mapping[str, Callable[[bytes], Any]]):
+        self.patterns = [(pattern.lower(), fn) for pattern, fn in patterns.items()]
+
+    def __call__(self, suffix: str, data: bytes, decoder: SampleDecoder) -> Any:
+        for pattern, fn in self.patterns:
+            if _pattern_matches(pattern, suffix):
+                return fn(data)
+        return None
+
+
+class CallableHandler:
+    """A webdataset-style handler ``fn(".suffix", data) -> value or None``."""
+
+    def __init__(self, fn: Callable[[str, bytes], Any]):
+        self.fn = fn
+
+    def __call__(self, suffix: str, data: bytes, decoder: SampleDecoder) -> Any:
+        return self.fn("." + suffix, data)
+
+
+def compile_spec(spec: Spec) -> ImageHandler | PatternHandler | CallableHandler:
+    """One handler object for a decode spec: checked and normalised once, when the pipe is built."""
     if isinstance(spec, str):
-        if spec not in IMAGE_SPECS:
-            raise ValueError(f"unknown image spec {spec!r}; known: {' '.join(IMAGE_SPECS)}")
-    elif not (callable(spec) or isinstance(spec, Mapping)):
-        raise TypeError(f"a decode spec is an image spec name, a callable or a dict, not {spec!r}")
+        return ImageHandler(spec)
+    if isinstance(spec, Mapping):
+        return PatternHandler(spec)
+    if callable(spec):
+        return CallableHandler(spec)
+    raise TypeError(f"a decode spec is an image spec name, a callable or a dict, not {spec!r}")
 
 
 class SampleDecoder:
@@ -335,6 +511,13 @@ class SampleDecoder:
             commas); the other fields stay as they are. None decodes all.
         allow_pickle: trust the data: allow pickle, object arrays in npy/npz, and
             ``torch.load(weights_only=False)``.
+        image_formats: None (default) opens each image field only as the format its suffix
+            names (``.jpg`` as JPEG, ``.png`` as PNG; see :func:`image_formats_for`). A list
+            of Pillow format names (``["JPEG", "PNG", "WEBP"]``) opens every image field as
+            any of them, for data whose suffixes lie; formats that start another program
+            (EPS) open only when named here.
+        limits: the largest image (pixels), ``.gz`` field and npy/npz arrays decoded (see
+            :class:`~wds_datapipes.limits.Limits`); default: :func:`~wds_datapipes.limits.get_limits`.
     """
 
     def __init__(
@@ -342,12 +525,21 @@ class SampleDecoder:
         *specs: Spec,
         only: str | Iterable[str] | None = None,
         allow_pickle: bool = False,
+        image_formats: Iterable[str] | None = None,
+        limits: Limits | None = None,
     ):
-        for spec in specs:
-            _check_spec(spec)
         self.specs = specs
+        self.handlers = [compile_spec(spec) for spec in specs]
         self.only = _split_names(only)
         self.allow_pickle = allow_pickle
+        self.image_formats = None if image_formats is None else _check_formats(image_formats)
+        self.limits = limits or get_limits()
+
+    def formats_for(self, suffix: str) -> tuple[str, ...]:
+        """The Pillow formats an image field with this suffix may be opened as."""
+        if self.image_formats is not None:
+            return self.image_formats
+        return image_formats_for(suffix.rpartition(".")[2])
 
     def __call__(self, sample: dict) -> dict:
         """Return a new sample with its fields decoded; raise DecodeError naming the first that fails."""
@@ -369,31 +561,21 @@ class SampleDecoder:
             return value
         data = bytes(value)
         while suffix == "gz" or suffix.endswith(".gz"):
-            data = gzip.decompress(data)
+            data = _gunzip(data, self.limits.max_gz_bytes)
             suffix = suffix[:-3].rstrip(".")
         if not suffix:
             return data
-        for spec in self.specs:
-            result = self._apply_spec(spec, suffix, data)
+        for handler in self.handlers:
+            result = handler(suffix, data, self)
             if result is not None:
                 return result
         return self._decode_builtin(suffix.rpartition(".")[2], data)
-
-    def _apply_spec(self, spec: Spec, suffix: str, data: bytes) -> Any:
-        if isinstance(spec, str):
-            return decode_image(data, spec) if suffix.rpartition(".")[2] in IMAGE_EXTENSIONS else None
-        if isinstance(spec, Mapping):
-            for pattern, fn in spec.items():
-                if _pattern_matches(pattern.lower(), suffix):
-                    return fn(data)
-            return None
-        return spec("." + suffix, data)
 
     def _decode_builtin(self, extension: str, data: bytes) -> Any:
         if extension in _SAFE_DECODERS:
             return _SAFE_DECODERS[extension](data)
         if extension in _TRUSTING_DECODERS:
-            return _TRUSTING_DECODERS[extension](data, self.allow_pickle)
+            return _TRUSTING_DECODERS[extension](data, self.allow_pickle, self.limits)
         return data
 
 
@@ -428,6 +610,12 @@ class Decoder(Pipe[dict]):
         num_threads: 0 decodes in the iterating thread; N > 0 decodes in a pool of N
             threads (decoders release the GIL), keeping the input order, with at most 4*N
             samples in flight.
+        image_formats: None (default) opens an image field only as the format its suffix
+            names (``.jpg`` as JPEG, ...); a list of Pillow format names widens that for
+            every image field (``["JPEG", "PNG"]`` for mislabeled files). EPS, which starts
+            Ghostscript, opens only when named here.
+        limits: the largest image (pixels), ``.gz`` field and npy/npz arrays decoded; by
+            default the process's :func:`~wds_datapipes.limits.get_limits` when the pipe is built.
 
     Example:
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
@@ -444,46 +632,33 @@ class Decoder(Pipe[dict]):
         handler: Handler = reraise_exception,
         allow_pickle: bool = False,
         num_threads: int = 0,
+        image_formats: Iterable[str] | None = None,
+        limits: Limits | None = None,
     ):
-        if num_threads < 0:
-            raise ValueError(f"num_threads must be >= 0, not {num_threads}")
         self.source_datapipe = source_datapipe
-        self.decoder = SampleDecoder(*specs, only=only, allow_pickle=allow_pickle)
+        self.decoder = SampleDecoder(*specs, only=only, allow_pickle=allow_pickle, image_formats=image_formats,
+                                     limits=limits)
         self.handler = handler
-        self.num_threads = num_threads
+        self.num_threads = check_positive("num_threads", num_threads, 0)
 
     def __iter__(self) -> Iterator[dict]:
         if self.num_threads == 0:
             for sample in self.source_datapipe:
-                decoded = self._settle(self.decoder, sample)
+                decoded = self._settle(sample, self.decoder, sample)
                 if decoded is not None:
                     yield decoded
-        else:
-            yield from self._decode_in_threads()
-
-    def _decode_in_threads(self) -> Iterator[dict]:
-        # The pool lives only as long as this generator, so the pipe itself still pickles.
-        pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="wds-decode")
-        in_flight: collections.deque[Future] = collections.deque()
-        try:
-            for sample in self.source_datapipe:
-                in_flight.append(pool.submit(self.decoder, sample))
-                if len(in_flight) >= 4 * self.num_threads:
-                    decoded = self._settle(in_flight.popleft().result)
-                    if decoded is not None:
-                        yield decoded
-            while in_flight:
-                decoded = self._settle(in_flight.popleft().result)
+            return
+        with worker_threads(self.num_threads) as pool:
+            for sample, future in ordered_map(self.decoder, self.source_datapipe, pool, 4 * self.num_threads):
+                decoded = self._settle(sample, future.result)
                 if decoded is not None:
                     yield decoded
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
 
-    def _settle(self, decode: Callable[..., dict], *args: Any) -> dict | None:
-        """The decoded sample, or None when it failed and the handler says skip it."""
+    def _settle(self, sample: dict, decode: Callable[..., dict], *args: Any) -> dict | None:
+        """``sample`` decoded by ``decode(*args)``, or None when it failed and the handler skips it."""
         try:
             return decode(*args)
         except DecodeError as exn:
-            if self.handler(exn):
+            if skips(self.handler, exn, sample):
                 return None
             raise

@@ -7,6 +7,7 @@ as ``type(message)``, and this keeps it our type there (its attributes are then 
 
 from __future__ import annotations
 
+import http.client
 from typing import Any
 
 
@@ -47,6 +48,45 @@ class ShardFormatError(WdsError):
         super().__init__(f"shard {url!r}{where} at byte {offset}: {reason}")
 
 
+class ShardReadError(ShardOpenError):
+    """A shard's stream broke while it was read (reset, stalled, cut short) and could not be resumed."""
+
+    def __init__(self, url: str, member: str | None = None, offset: int | None = None, reason: str | None = None):
+        if reason is None:  # one ready message
+            self.url = self.member = self.offset = self.reason = None
+            WdsError.__init__(self, url)
+            return
+        self.url, self.member, self.offset, self.reason = url, member, offset, reason
+        where = f", member {member!r}," if member is not None else ""
+        WdsError.__init__(self, f"cannot read shard {url!r}{where} at byte {offset}: {reason}")
+
+
+# What reading a stream raises when the connection or the command behind it fails.
+STREAM_FAILURES = (OSError, EOFError, http.client.HTTPException)
+
+
+def shard_error(exn: BaseException, url: str, member: str | None = None, offset: int | None = None, *,
+                as_format: str | None = None) -> WdsError:
+    """The library's own error for ``exn``, raised while opening or reading shard ``url``.
+
+    The one place where foreign exceptions become ours: an I/O failure (a reset, a timeout,
+    ``http.client.IncompleteRead``, ...) becomes :class:`ShardReadError`; anything else
+    (``MemoryError``, ``OverflowError``, ...) a :class:`ShardFormatError`. Both name the
+    shard, the member being read and the offset. ``as_format`` names the data being
+    decoded (``"gzip stream"``) where any failure means that data is truncated or corrupt,
+    whatever its type (the stdlib's decompressors raise OSError and EOFError for those).
+    Our own errors come back unchanged.
+    """
+    if isinstance(exn, WdsError):
+        return exn
+    reason = f"{type(exn).__name__}: {exn}"
+    if as_format is not None:
+        return ShardFormatError(url, member, offset, f"truncated or corrupt {as_format} ({reason})")
+    if isinstance(exn, STREAM_FAILURES):
+        return ShardReadError(url, member, offset, reason)
+    return ShardFormatError(url, member, offset, reason)
+
+
 class SampleError(WdsError):
     """A sample cannot be assembled or converted (e.g. a suffix repeated within one key)."""
 
@@ -69,6 +109,14 @@ class DecodeError(SampleError):
             super().__init__(url)
             return
         super().__init__(url, key, f"field {field!r}: {reason}")
+
+
+class IndexMismatchError(ShardFormatError):
+    """A shard no longer matches its shard index (another number of samples or bytes)."""
+
+    def __init__(self, message: str):
+        self.url = self.member = self.offset = self.reason = None
+        WdsError.__init__(self, message)
 
 
 class NoShardsError(WdsError):

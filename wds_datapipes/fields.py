@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from torch.utils.data import IterDataPipe, functional_datapipe
-
 from .errors import SampleError
-from .handlers import Handler, reraise_exception
+from .handlers import Handler, reraise_exception, skips
 from .pipe_base import Pipe
+from .torch_datapipes import IterDataPipe, functional_datapipe
 
 
 def pick_field(sample: dict, alternatives: str) -> Any:
@@ -18,6 +17,14 @@ def pick_field(sample: dict, alternatives: str) -> Any:
         if name in sample:
             return sample[name]
     raise KeyError(f"none of the fields {alternatives!r} (sample has {sorted(sample)})")
+
+
+def _present(sample: dict, alternatives: str) -> Any:
+    """``pick_field``, where a field holding None counts as missing too (webdataset's to_tuple)."""
+    value = pick_field(sample, alternatives)
+    if value is None:
+        raise KeyError(f"the field of {alternatives!r} holds None")
+    return value
 
 
 class _PerSample(Pipe):
@@ -34,25 +41,29 @@ class _PerSample(Pipe):
             try:
                 yield self._convert(sample)
             except SampleError as exn:
-                if not self.handler(exn):
+                if not skips(self.handler, exn, sample):
                     raise
-            except Exception as exn:  # noqa: BLE001 - a user function may raise anything: name the sample
+            except Exception as exn:  # a user function may raise anything: name the sample
                 error = SampleError(sample.get("__url__", "?"), sample.get("__key__", "?"),
                                     f"{type(self).__name__}: {type(exn).__name__}: {exn}")
                 error.__cause__ = exn  # set before the handler, which may raise it
-                if not self.handler(error):
-                    raise error
+                if not skips(self.handler, error, sample):
+                    raise error from exn
 
 
 @functional_datapipe("to_tuple")
 class TupleMaker(_PerSample):
     """Yields a tuple of chosen fields of each sample (functional name: ``to_tuple``).
 
-    Each name may list alternatives with ``;``: ``to_tuple("jpg;png", "cls")``. A sample
-    missing a field is an error given to ``handler`` (skip it with ``warn_and_continue``).
+    Each name may list alternatives with ``;``: ``to_tuple("jpg;png", "cls")``. As in
+    webdataset, one string with spaces names several fields: ``to_tuple("jpg;png cls")``.
+    A sample missing a field (or holding None in it) is an error given to ``handler``
+    (skip it with ``warn_and_continue``).
     """
 
     def __init__(self, source_datapipe: IterDataPipe[dict], *fields: str, handler: Handler = reraise_exception):
+        if len(fields) == 1 and isinstance(fields[0], str) and " " in fields[0]:
+            fields = tuple(fields[0].split())
         if not fields:
             raise ValueError("to_tuple needs at least one field name")
         self.source_datapipe = source_datapipe
@@ -60,7 +71,7 @@ class TupleMaker(_PerSample):
         self.handler = handler
 
     def _convert(self, sample: dict) -> tuple:
-        return tuple(pick_field(sample, f) for f in self.fields)
+        return tuple(_present(sample, f) for f in self.fields)
 
 
 @functional_datapipe("rename_keys")

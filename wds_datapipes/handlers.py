@@ -16,6 +16,9 @@ logger = logging.getLogger("wds_datapipes")
 
 Handler = Callable[[BaseException], bool]
 
+# Every sample of an exact epoch (ExactEpochs) carries this flag (True for pad repeats).
+EXACT_EPOCH_FLAG = "__pad__"
+
 
 def reraise_exception(exn: BaseException) -> bool:
     """Stop the run: re-raise the error (the default of every stage)."""
@@ -33,3 +36,19 @@ def ignore_and_continue(exn: BaseException) -> bool:
     """Go on without a warning; what is skipped is still logged at INFO level."""
     logger.info("skipped: %s", exn)
     return True
+
+
+def skips(handler: Handler, error: BaseException, sample: object = None) -> bool:
+    """Whether the stage skips what raised ``error``: ``handler``'s choice (it may raise).
+
+    A sample of an exact epoch is never skipped one by one: the batches after it would
+    shift, a rank could end with a batch less than the others (a DDP hang), and a resumed
+    run would be off by the skipped samples. Its error is raised, with that reason.
+    """
+    if isinstance(sample, dict) and EXACT_EPOCH_FLAG in sample:
+        raise type(error)(
+            f"{error} [a sample of an exact epoch cannot be skipped: later batches would shift. "
+            "Use decode_batches(..., handler=...), whose skips leave a batch smaller in its place, "
+            "or fix the data (python -m wds_datapipes verify)]"
+        ) from error
+    return handler(error)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from torch.utils.data import IterDataPipe
+from .torch_datapipes import IterDataPipe
 
 T_co = TypeVar("T_co", covariant=True)
 

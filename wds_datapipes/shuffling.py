@@ -6,10 +6,9 @@ import random
 from collections.abc import Iterator
 from typing import TypeVar
 
-from torch.utils.data import IterDataPipe, functional_datapipe
-
 from .pipe_base import Pipe
-from .seeding import epoch_rng, worker_and_rank
+from .topology import EpochSeed, worker_and_rank
+from .torch_datapipes import IterDataPipe, functional_datapipe
 
 T = TypeVar("T")
 
@@ -40,20 +39,18 @@ class Shuffler(Pipe[T]):
         self.source_datapipe = source_datapipe
         self.bufsize = bufsize
         self.initial = max(1, min(initial, bufsize))
-        self.seed = seed
-        self.loader_seed: int | None = None
-        # Drawn once here: used only when neither the user nor a loader gives a seed.
-        self._fallback_seed = random.getrandbits(64)
-        self.epoch = 0
+        self.seeds = EpochSeed(seed)
 
     def set_seed(self, seed: int) -> Shuffler[T]:
-        self.loader_seed = seed
+        self.seeds.set_seed(seed)
         return self
 
+    def set_epoch(self, epoch: int) -> None:
+        """The next epoch (its order is drawn from the seeds and the epoch)."""
+        self.seeds.epoch = epoch
+
     def __iter__(self) -> Iterator[T]:
-        fallback = self._fallback_seed if self.seed is None and self.loader_seed is None else None
-        rng = epoch_rng(self.seed, self.loader_seed, fallback, self.epoch, *worker_and_rank())
-        self.epoch += 1
+        rng = self.seeds.next_rng(*worker_and_rank())
         buf: list[T] = []
         source = iter(self.source_datapipe)
         for item in source:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from torch.utils.data import IterDataPipe, functional_datapipe
-
 from .errors import WdsError
 from .handlers import Handler, reraise_exception
-from .openers import open_shard
+from .limits import Limits, get_limits
+from .openers import ShardUrl, open_shard
 from .pipe_base import Pipe
 from .tar_reader import iter_tar_members
+from .torch_datapipes import IterDataPipe, functional_datapipe
 
 
 @functional_datapipe("load_tar")
@@ -18,22 +18,28 @@ class TarLoader(Pipe[tuple[str, str, bytes]]):
     """Yields (shard url, member name, bytes) for each file in each tar shard (functional name: ``load_tar``).
 
     Shards are opened through the scheme registry (:mod:`wds_datapipes.openers`) and read
-    sequentially, in archive order; gzipped tars are recognised by their first bytes.
-    Directories, links and other non-files are skipped.
+    sequentially, in archive order; gzip, bzip2, xz and zstd shards are recognised by their
+    first bytes. Directories, links and other non-files are skipped.
 
     Args:
         source_datapipe: yields shard URLs (e.g. a :class:`ShardLister`).
-        handler: called with a :class:`ShardOpenError` or :class:`ShardFormatError`;
+        handler: called with the :class:`ShardOpenError` (or :class:`ShardReadError`) or
+            :class:`ShardFormatError` of a shard that cannot be opened or read to its end;
             if it returns True, the rest of that shard is skipped (what was read of it
-            has been yielded) and loading goes on with the next shard.
+            has been yielded) and loading goes on with the next shard. ``group_by_key``
+            then drops the sample it was assembling from that shard, which may lack fields.
+        limits: the largest member, HTTP timeouts and retries, ...: by default the
+            process's :func:`~wds_datapipes.limits.get_limits` when the pipe is built.
 
     Example:
         >>> for url, name, data in ShardLister("data/train-{0..3}.tar").load_tar(): ...
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[str], handler: Handler = reraise_exception):
+    def __init__(self, source_datapipe: IterDataPipe[str], handler: Handler = reraise_exception,
+                 limits: Limits | None = None):
         self.source_datapipe = source_datapipe
         self.handler = handler
+        self.limits = limits or get_limits()
 
     def __iter__(self) -> Iterator[tuple[str, str, bytes]]:
         for url, members in self.shard_members():
@@ -49,26 +55,28 @@ class TarLoader(Pipe[tuple[str, str, bytes]]):
         """
         for url in self.source_datapipe:
             try:
-                stream = open_shard(url)
+                stream = open_shard(url, limits=self.limits)
             except WdsError as exn:
                 if self.handler(exn):
                     continue
                 raise
+            url = ShardUrl.opened(url)
             try:
                 yield url, self._guarded(stream, url)
             finally:
-                self._close(stream)
+                self._close(stream, url)
 
-    def _close(self, stream) -> None:
+    def _close(self, stream, url: ShardUrl) -> None:
         try:
             stream.close()  # a pipe: command's exit status is checked here
         except WdsError as exn:
+            # Not a cut: the tar was read to its end-of-archive block, its samples are whole.
             if not self.handler(exn):
                 raise
 
-    def _guarded(self, stream, url: str) -> Iterator[tuple[str, bytes]]:
+    def _guarded(self, stream, url: ShardUrl) -> Iterator[tuple[str, bytes]]:
         try:
-            yield from iter_tar_members(stream, url)
+            yield from iter_tar_members(stream, url, limits=self.limits)
         except WdsError as exn:
             error = exn
             try:
@@ -76,5 +84,6 @@ class TarLoader(Pipe[tuple[str, str, bytes]]):
             except WdsError as closing:  # a failed pipe: command explains a short stream best
                 closing.__context__ = exn
                 error = closing
+            url.cut = True  # set before the handler, which may raise
             if not self.handler(error):
                 raise error from None

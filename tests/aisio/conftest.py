@@ -19,7 +19,7 @@ import pytest
 from ais_helpers import make_samples, write_shards
 
 from aisio.client import ENDPOINT_ENV, get_client
-from aisio.cluster import ClusterError, cluster_endpoint
+from aisio.cluster import FAST_FAILOVER, ClusterError, LocalCluster, cluster_endpoint, ensure_aisnode
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -59,6 +59,54 @@ def ais_endpoint():
         except ClusterError as exn:
             _no_cluster(f"no local AIStore cluster: {exn}")
         yield endpoint
+
+
+@pytest.fixture
+def own_cluster_env(tmp_path, monkeypatch):
+    """A cache and run folder of the test's own (the real aisnode linked in, built first if
+    missing), so that the clusters it starts and stops are never the session's or anyone's."""
+    try:
+        real = ensure_aisnode()
+    except ClusterError as exn:
+        _no_cluster(f"no aisnode binary: {exn}")
+    cache = tmp_path / "cache"
+    (cache / "bin").mkdir(parents=True)
+    (cache / "bin" / "aisnode").symlink_to(real)
+    monkeypatch.setenv("WDS_DATAPIPES_CACHE", str(cache))
+    monkeypatch.setenv("AISIO_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def fault_cluster(tmp_path_factory):
+    """A local cluster of the module's own, for tests that kill, stop and restart its nodes.
+
+    It has its own cache and run folders (never the session's cluster, nor one given by
+    AIS_ENDPOINT), and the primary drops a silent node within 5-11 s instead of 28-38 s
+    (FAST_FAILOVER), so that fault tests take as long as the failover, not AIStore's
+    defaults. ``$AIS_ENDPOINT`` points at it while the module runs.
+    """
+    try:
+        real = ensure_aisnode()
+    except ClusterError as exn:
+        _no_cluster(f"no aisnode binary: {exn}")
+    root = tmp_path_factory.mktemp("fault-cluster")
+    (root / "cache" / "bin").mkdir(parents=True)
+    (root / "cache" / "bin" / "aisnode").symlink_to(real)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WDS_DATAPIPES_CACHE", str(root / "cache"))
+        mp.setenv("AISIO_RUN_DIR", str(root / "run"))
+        mp.delenv(ENDPOINT_ENV, raising=False)
+        try:
+            cluster = LocalCluster.start(timeout=90, verbose=False, config=FAST_FAILOVER)
+        except ClusterError as exn:
+            _no_cluster(f"cannot start a local cluster for the fault tests: {exn}")
+        try:
+            mp.setenv(ENDPOINT_ENV, cluster.endpoint)
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,11 @@ through it too. For the first ``cuts`` GET answers of each object it forwards on
 ``cut_after`` body bytes and then closes the connection: a genuinely dropped TCP stream,
 which the client must resume with an HTTP Range request against the real cluster. With
 ``drop_range`` it strips Range headers (as a cluster serving an ETL's output would ignore
-them); ``on_cut`` runs after each cut, before the client notices it.
+them); ``on_cut`` runs after each cut, before the client notices it. With ``stall_s``, a
+cut body stops flowing for that long before the connection closes (a node that hangs
+mid-body). ``busy`` maps path
+prefixes to a number of requests the relay answers itself with 503 (a busy node) before
+it forwards the rest.
 
 Every request is recorded in ``log`` as (method, path, Range header, status, body bytes
 sent), and its query string in ``queries`` (same index).
@@ -18,6 +22,7 @@ from __future__ import annotations
 import re
 import socket
 import socketserver
+import struct
 import threading
 from urllib.parse import urlsplit
 
@@ -27,7 +32,8 @@ _HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "host"}
 
 class FaultyRelay:
     def __init__(self, upstream: str, cut_after: int, cuts: int = 1, object_filter: str = "/v1/objects/",
-                 drop_range: bool = False, on_cut=None):
+                 drop_range: bool = False, on_cut=None, busy: dict[str, int] | None = None,
+                 stall_s: float = 0.0):
         parts = urlsplit(upstream)
         self.upstream_host = parts.hostname or "127.0.0.1"
         self.upstream_port = parts.port or 80
@@ -36,6 +42,9 @@ class FaultyRelay:
         self.object_filter = object_filter
         self.drop_range = drop_range  # forward no Range header: the cluster answers the whole object
         self.on_cut = on_cut  # called with the object path after a body is cut, before the client sees it
+        self.busy = dict(busy or {})  # path prefix -> 503 answers still to give
+        self.stall_s = stall_s
+        self._closing = threading.Event()
         self.log: list[tuple[str, str, str | None, int, int]] = []
         self.queries: list[str] = []
         self.cut_count: dict[str, int] = {}
@@ -58,6 +67,7 @@ class FaultyRelay:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._closing.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -87,6 +97,8 @@ class FaultyRelay:
             headers.append((name, value))
         body = reader.read(length) if length else b""
 
+        if self._answer_busy(client, method, target, range_header):
+            return
         port = self.upstream_port
         match = _TARGET_PREFIX.match(target)
         if match:
@@ -130,13 +142,16 @@ class FaultyRelay:
                 client.sendall(chunk)
                 sent += len(chunk)
                 if limit is not None and sent >= limit:
-                    # End the target's GET before on_cut: an open GET can hold the object
+                    # End the target's GET before on_cut: an open GET holds the object
                     # while the relay stops reading, and a PUT replacing it in on_cut would
-                    # then wait for it (a 30 s stall seen in CI). The client still sees the
-                    # cut only after on_cut returns.
-                    upstream.shutdown(socket.SHUT_RDWR)
+                    # wait for it (stalls of 15-30 s seen in CI). A shutdown alone leaves
+                    # the target writing into a full window; a close with linger 0 resets
+                    # the connection, so the target's write fails at once. The client
+                    # still sees the cut only after on_cut returns.
+                    _reset(upstream, up_reader)
                     if self.on_cut is not None:
                         self.on_cut(path)
+                    self._closing.wait(self.stall_s)  # a hung node: nothing more, for a while
                     break  # drop the connection mid-body
         except OSError:
             pass
@@ -150,9 +165,31 @@ class FaultyRelay:
             except OSError:
                 pass
 
+    def _answer_busy(self, client: socket.socket, method: str, target: str, range_header: str | None) -> bool:
+        path, _, query = target.partition("?")
+        with self._lock:
+            prefix = next((p for p, n in self.busy.items() if n > 0 and path.startswith(p)), None)
+            if prefix is None:
+                return False
+            self.busy[prefix] -= 1
+            self.log.append((method, path, range_header, 503, 0))
+            self.queries.append(query)
+        body = b'{"message":"busy (relay)","status":503}'
+        client.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        client.shutdown(socket.SHUT_RDWR)
+        return True
+
     def _rewrite_location(self, location: str) -> str:
         parts = urlsplit(location)
         if parts.hostname in ("127.0.0.1", "localhost") and parts.port:
             rest = parts.path + (f"?{parts.query}" if parts.query else "")
             return f"{self.url}/_t/{parts.port}{rest}"
         return location
+
+
+def _reset(sock: socket.socket, reader) -> None:
+    """Close ``sock`` with an RST rather than a FIN (``reader`` holds a reference to it)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    reader.close()
+    sock.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -44,3 +45,17 @@ def test_dsort_refuses_to_mix_with_existing_outputs_unless_told(dataset, out_buc
     again = dsort_shuffle(*args, output_shard_size="1MiB", timeout=120, overwrite=True)
     assert len(again) == len(first)
     assert sum(1 for _ in AISSourceLister(again).load_tar().group_by_key()) == 24
+
+
+def test_dsort_takes_an_output_template_in_aistores_fmt_form(dataset, out_bucket):
+    bucket, paths, samples = dataset
+    outputs = dsort_shuffle(
+        f"ais://{bucket}/train-{{000000..{len(paths) - 1:06d}}}.tar",
+        f"ais://{out_bucket}/shuffled-shard-%d.tar",
+        output_shard_size="300KiB",
+        timeout=120,
+    )
+    assert len(outputs) > 1
+    assert all(re.fullmatch(rf"ais://{out_bucket}/shuffled-shard-\d+\.tar", u) for u in outputs), outputs
+    keys = sorted(s["__key__"] for s in AISSourceLister(outputs).load_tar().group_by_key())
+    assert keys == sorted(s["__key__"] for s in samples)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from ais_helpers import reference_samples, strip_url
 from faulty_proxy import FaultyRelay
-from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
+from stack import two_worker_loader
 
-from aisio import AISObjectStream, AISReadError, AISSourceLister
+from aisio import AISObjectStream, AISReadError, AISSourceLister, RetryPolicy, open_ais_url
 from aisio.client import ENDPOINT_ENV, get_client
 from aisio.etl import ETLError, init_etl, list_etls, stop_etl
 from wds_datapipes import ShardLister, ShardOpenError
@@ -84,12 +87,8 @@ def _tag_worker(sample: dict) -> dict:
 def test_shuffled_listing_reshuffles_each_epoch_and_splits_whole_shards_between_workers(dataset):
     bucket, paths, samples = dataset
     dp = AISSourceLister(f"ais://{bucket}/train-", shuffle=True).load_tar().group_by_key().map(_tag_worker)
-    loader = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2))
-    try:
-        loader.seed(0)
+    with two_worker_loader(dp) as loader:
         epochs = [list(loader) for _ in range(2)]
-    finally:
-        loader.shutdown()
     all_urls = _ais_urls(bucket, paths)
     for got in epochs:
         assert sorted(s["__key__"] for s in got) == sorted(s["__key__"] for s in samples)  # each once
@@ -163,11 +162,14 @@ def test_a_stream_that_keeps_breaking_fails_naming_the_shard_and_offset(dataset,
     assert "2 resume(s) failed" in str(info.value)
 
 
-def test_missing_bucket_and_object_fail_fast_naming_them(dataset):
+def test_missing_bucket_and_object_fail_fast_naming_them_and_the_target_that_answered(dataset):
     bucket, _, _ = dataset
     started = time.monotonic()
-    with pytest.raises(ShardOpenError, match=rf"object 'nope.tar' does not exist in bucket ais://{bucket}.*404"):
+    with pytest.raises(ShardOpenError, match=rf"object 'nope.tar' does not exist in bucket ais://{bucket}.*404") as info:
         list(ShardLister(f"ais://{bucket}/nope.tar").load_tar())
+    proxy_port = os.environ[ENDPOINT_ENV].rsplit(":", 1)[1]
+    assert "HTTP 404 from target t[" in str(info.value)  # the target that answered, by id and URL
+    assert "at http://127.0.0.1:" in str(info.value) and f"at http://127.0.0.1:{proxy_port}" not in str(info.value)
     with pytest.raises(ShardOpenError, match=r"bucket ais://no-such-bucket-x does not exist"):
         list(ShardLister("ais://no-such-bucket-x/a.tar").load_tar())
     with pytest.raises(ShardOpenError, match=r"bucket ais://no-such-bucket-x does not exist"):
@@ -209,3 +211,90 @@ def test_etl_management_on_a_cluster_without_etl_support_names_the_etl_and_the_a
         stop_etl("resize")
     with pytest.raises(ETLError, match=r"cannot init ETL 'resize' on .*HTTP 501"):
         init_etl("resize", image="aistorage/transformer_md5:latest")
+
+
+def _target_legs(relay, path):
+    return [(rng, status, sent) for m, p, rng, status, sent in relay.log if p == path and status in (200, 206)]
+
+
+def test_a_stream_starts_at_a_byte_offset_and_resumes_counting_from_it(dataset, monkeypatch):
+    bucket, paths, _ = dataset
+    data = Path(paths[0]).read_bytes()
+    name = os.path.basename(paths[0])
+    url, start, cut = f"ais://{bucket}/{name}", 512 * 37 + 11, 100_000
+    cluster = os.environ[ENDPOINT_ENV]
+    with FaultyRelay(cluster, cut_after=cut, cuts=1) as relay:
+        monkeypatch.setenv(ENDPOINT_ENV, relay.url)
+        with open_ais_url(url, start=start) as stream:
+            assert stream.position == start
+            assert stream.read() == data[start:]
+            assert stream.position == len(data)
+    monkeypatch.setenv(ENDPOINT_ENV, cluster)
+    legs = _target_legs(relay, f"/v1/objects/{bucket}/{name}")
+    assert [(rng, status) for rng, status, _ in legs] == [(f"bytes={start}-", 206), (f"bytes={start + cut}-", 206)]
+    with open_ais_url(url) as stream:  # the one-argument form still reads from the start
+        assert stream.read() == data
+    with open_ais_url(url, start=len(data)) as stream:
+        assert stream.read() == b""  # the object's end: an empty stream
+    with pytest.raises(ShardOpenError, match=rf"byte {len(data) + 1} is beyond the object's end \({len(data)} bytes\)"):
+        open_ais_url(url, start=len(data) + 1)
+    with pytest.raises(ShardOpenError, match="start must be a byte offset >= 0"):
+        open_ais_url(url, start=-1)
+
+
+def test_busy_answers_are_retried_for_objects_and_for_each_listing_page(dataset, monkeypatch):
+    bucket, paths, _ = dataset
+    busy = {f"/v1/objects/{bucket}/train-000001.tar": 3, f"/v1/buckets/{bucket}": 2}
+    with FaultyRelay(os.environ[ENDPOINT_ENV], cut_after=0, cuts=0, busy=busy) as relay:
+        monkeypatch.setenv(ENDPOINT_ENV, relay.url)
+        samples = list(AISSourceLister(f"ais://{bucket}/train-", page_size=2).load_tar().group_by_key())
+    assert strip_url(samples) == reference_samples(paths)
+    listing = [status for m, p, rng, status, sent in relay.log if p == f"/v1/buckets/{bucket}"]
+    assert listing[:2] == [503, 503] and set(listing[2:]) == {200} and len(listing) >= 5  # 2 busy, then pages of 2
+    gets = [status for m, p, rng, status, sent in relay.log if p == f"/v1/objects/{bucket}/train-000001.tar"]
+    assert gets == [503, 503, 503, 301, 200]
+
+
+class _Silent:
+    """A TCP listener that accepts connections and never answers: a cluster whose nodes all hang."""
+
+    def __enter__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+def test_a_cluster_that_never_answers_fails_within_the_budget_naming_it_and_what_was_tried(monkeypatch):
+    monkeypatch.setenv("AISIO_RETRY_BUDGET", "2")
+    with _Silent() as silent:
+        monkeypatch.setenv(ENDPOINT_ENV, silent)
+        for attempt in (lambda: open_ais_url("ais://bkt/shard.tar"), lambda: list(AISSourceLister("ais://bkt/"))):
+            started = time.monotonic()
+            with pytest.raises(ShardOpenError) as info:
+                attempt()
+            elapsed = time.monotonic() - started
+            message = str(info.value)
+            assert 1.9 < elapsed < 3.5, message
+            assert f"no usable answer from the cluster at {silent}" in message
+            assert re.search(r"\d+ tr(y|ies) in \d", message) and "retry budget 2 s" in message
+            assert f"no answer from proxy at {silent}" in message and "timed out" in message
+
+
+def test_a_body_that_stops_flowing_is_resumed_after_the_read_timeout(dataset, monkeypatch):
+    bucket, paths, _ = dataset
+    name = os.path.basename(paths[0])
+    data = Path(paths[0]).read_bytes()
+    policy = RetryPolicy(budget_s=10, read_timeout_s=1.5)
+    with FaultyRelay(os.environ[ENDPOINT_ENV], cut_after=100_000, cuts=1, stall_s=30) as relay:
+        monkeypatch.setenv(ENDPOINT_ENV, relay.url)
+        started = time.monotonic()
+        with AISObjectStream(f"ais://{bucket}/{name}", policy=policy) as stream:
+            assert stream.read() == data
+        elapsed = time.monotonic() - started
+    assert 1.4 < elapsed < 5, f"the stalled body was given up after {elapsed:.1f} s"
+    legs = _target_legs(relay, f"/v1/objects/{bucket}/{name}")  # logged as they end: the stalled one last
+    assert sorted((str(rng), status) for rng, status, _ in legs) == [("None", 200), ("bytes=100000-", 206)]

@@ -27,10 +27,19 @@ def test_question_mark_that_is_not_an_etl_query_stays_in_the_object_name():
     assert url.object == "what?.tar" and url.etl_name is None
 
 
-@pytest.mark.parametrize("bad", ["s3://bkt/x", "ais://", "ais:///x", "ais://b/x?etl_args=1"])
-def test_bad_urls_are_refused(bad):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("bad, why", [("s3://bkt/x", "not an ais:// URL"), ("ais://", "no bucket"),
+                                      ("ais:///x", "no bucket"), ("ais://b/x?etl_args=1", "without etl_name"),
+                                      ("ais://b/x?etl_local=m:C", "without etl_name")])
+def test_urls_without_a_bucket_or_with_etl_args_but_no_etl_are_refused(bad, why):
+    with pytest.raises(ValueError, match=why):
         AISUrl.parse(bad)
+
+
+def test_url_carries_the_local_etl_class_and_round_trips():
+    url = AISUrl.parse("ais://bkt/x.tar").with_etl("resize", {"size": 8}, local="pkg.mod:Resize")
+    again = AISUrl.parse(str(url))
+    assert again == url and again.etl_local == "pkg.mod:Resize"
+    assert again.etl is None  # the cluster is not asked to run it
 
 
 def test_dsort_spec_names_templates_size_seed_and_dsorter():
@@ -48,26 +57,40 @@ def test_output_template_regex_matches_only_template_names():
     pattern = _template_regex("shuf-{0000..9999..1}.tar")
     assert pattern.match("shuf-0042.tar")
     assert not pattern.match("shuf-0042.tar.bak") and not pattern.match("other-0042.tar")
+    pattern = _template_regex("shuffled-shard-%06d.tar")
+    assert pattern.match("shuffled-shard-000012.tar") and not pattern.match("shuffled-shard-x.tar")
 
 
-def test_lister_pipeline_pickles_and_does_no_io_when_built():
+def test_dsort_spec_passes_aistores_fmt_output_template_through():
+    spec = dsort_spec("ais://in/train-{000..009}.tar", "ais://out/shuffled-shard-%d.tar")
+    assert spec["output_format"] == "shuffled-shard-%d.tar"
+    assert spec["output_extension"] == ".tar" and spec["input_format"] == {"template": "train-{000..009..1}.tar"}
+
+
+def test_lister_pipeline_pickles_and_does_no_io_when_built(monkeypatch):
     import pickle
 
-    from aisio import AISSourceLister
+    from aisio import AISSourceLister, nodes, rest
 
-    # No cluster at this address: building the pipe must not touch it.
-    dp = AISSourceLister("ais://bkt/train-{000..009}.tar", etl_name="e", etl_args={"a": 1}, shuffle=True)
-    dp = dp.load_tar().group_by_key()
-    clone = pickle.loads(pickle.dumps(dp))
-    assert type(clone) is type(dp)
+    def no_io(*args, **kwargs):
+        raise AssertionError("building or pickling the pipe sent a request")
+
+    monkeypatch.setattr(rest, "request", no_io)
+    monkeypatch.setattr(nodes, "view_of", no_io)
+    lister = AISSourceLister("ais://bkt/train-{000..009}.tar", etl_name="e", etl_args={"a": 1}, shuffle=True)
+    clone = pickle.loads(pickle.dumps(lister.load_tar().group_by_key()))
+    assert type(clone) is type(lister.load_tar().group_by_key())
+    assert pickle.loads(pickle.dumps(lister)).specs == ["ais://bkt/train-{000..009}.tar"]
 
 
 def test_lister_refuses_non_ais_specs_and_mixed_arguments():
     from aisio import AISSourceLister
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not an ais:// URL"):
         AISSourceLister("s3://bkt/x")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="give either urls"):
         AISSourceLister("ais://bkt/", bucket="bkt")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="etl_args given without etl_name"):
         AISSourceLister("ais://bkt/", etl_args="x")
+    with pytest.raises(ValueError, match="ais_sources .* not both"):
+        AISSourceLister("ais://bkt/", ais_sources=["bkt"])

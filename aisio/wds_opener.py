@@ -1,0 +1,60 @@
+"""``ais://`` URLs in plain ``webdataset`` pipelines: our opener in webdataset's URL table.
+
+Importing :mod:`aisio` calls :func:`register_with_webdataset`, after which
+``webdataset.WebDataset("ais://bucket/train-{000..099}.tar")`` reads through
+:func:`aisio.open_ais_url` (resumes, retries, errors naming the node) instead of
+webdataset's default for ``ais://``, a subprocess running the ``ais`` CLI; and
+``webdataset.ShardWriter("ais://bucket/train-%06d.tar")`` / ``TarWriter`` upload each shard
+when it closes, without that CLI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import tempfile
+
+from .streams import open_ais_url
+from .upload import upload_file
+
+_READ_BUFFER = 1 << 20  # tarfile reads 10 KiB at a time: buffer the raw stream
+
+
+class _UploadOnClose(io.BufferedWriter):
+    """A local temporary file that becomes the object ``url`` when closed."""
+
+    def __init__(self, url: str):
+        fd, self._path = tempfile.mkstemp(prefix="aisio-upload-", suffix=".part")
+        super().__init__(io.FileIO(fd, "wb"), buffer_size=_READ_BUFFER)
+        self.url = url
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            super().close()
+            upload_file(self._path, self.url)
+        finally:
+            if os.path.exists(self._path):
+                os.unlink(self._path)
+
+
+def gopen_ais(url: str, mode: str = "rb", bufsize: int = 8192, **kw) -> io.IOBase:
+    """webdataset's ``gopen`` handler for ``ais://`` URLs: a buffered stream to read, or a file
+    that uploads itself on ``close()`` to write."""
+    if mode == "rb":
+        return io.BufferedReader(open_ais_url(url), buffer_size=_READ_BUFFER)
+    if mode == "wb":
+        return _UploadOnClose(url)
+    raise ValueError(f"{url}: cannot open in mode {mode!r} (rb or wb)")
+
+
+def register_with_webdataset() -> bool:
+    """Make webdataset open ``ais://`` URLs with :func:`gopen_ais`; ``False`` without webdataset."""
+    try:
+        gopen = importlib.import_module("webdataset.gopen")  # the module (the package exports a function of that name)
+    except ImportError:
+        return False
+    gopen.gopen_schemes["ais"] = gopen_ais
+    return True

@@ -1,0 +1,137 @@
+"""Exact epochs: planning cost, resume cost, and shuffle quality, in one run.
+
+    python benchmarks/bench_epochs.py [--shards 64] [--per-shard 500] [--sample-kb 8]
+
+1. Planning: the plan of one rank over 100,000 shards of 10,000 samples (10^9 samples),
+   and after a topology change mid-epoch: time and peak memory (tracemalloc).
+2. Resuming: time to the first batch of a new pipeline loaded with a state at 10% and at
+   90% of an epoch, with the index's sample offsets (one seek per lane) and without them
+   (tar headers walked, payloads seeked over), on shards in the page cache.
+3. Shuffle quality, against webdataset's shard shuffle + buffer shuffle holding as many
+   samples as our shuffle block: the correlation between a sample's position in the epoch
+   and its position in the dataset, and how many shards a batch of 64 draws from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import tracemalloc
+
+import numpy as np
+import webdataset as wds
+
+import wds_datapipes as wd
+from wds_datapipes.epoch_plan import PlanSettings, Segment, plan_epoch
+
+BATCH = 64
+
+
+def make_shards(folder: str, shards: int, per_shard: int, sample_kb: int) -> list[str]:
+    paths = [os.path.join(folder, f"epochs-{i:05d}.tar") for i in range(shards)]
+    stamp = os.path.join(folder, f".done-{shards}-{per_shard}-{sample_kb}")
+    if not os.path.exists(stamp):
+        payload = os.urandom(sample_kb * 1024)
+        for s, path in enumerate(paths):
+            with wds.TarWriter(path) as writer:
+                for i in range(per_shard):
+                    writer.write({"__key__": f"s{s:05d}-{i:05d}", "bin": payload, "cls": str(i % 10)})
+        open(stamp, "w").close()
+    return paths
+
+
+def bench_planning() -> None:
+    print("1. planning one rank's epoch: 100,000 shards x 10,000 samples (10^9 samples)")
+    sizes = np.full(100_000, 10_000)
+    settings = PlanSettings(seed=1, batch_size=BATCH)
+    for label, history in (("plain epoch", ()), ("after a topology change", (Segment(8, 4, (10**7,) * 4),))):
+        tracemalloc.start()
+        start = time.perf_counter()
+        plan = plan_epoch(sizes, settings, 3, 8, 4, history)
+        spans = plan.reader_spans(5, 2)
+        reader = plan.reader(5, 2)
+        first_block = reader.block_positions(0)
+        elapsed = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"   {label:<26} {elapsed * 1000:7.1f} ms, peak {peak / 1e6:6.1f} MB "
+              f"(8 ranks x 4 workers; reader 5/2: {reader.length:,} samples, {len(list(spans)):,} spans, "
+              f"first block {len(first_block)})")
+
+
+def time_to_first_batch(index: str, state: wd.EpochState) -> float:
+    start = time.perf_counter()
+    dp = wd.ExactEpochs(index, batch_size=BATCH).batch_samples(BATCH)
+    dp.load_state_dict(state)
+    next(iter(dp))
+    return time.perf_counter() - start
+
+
+def bench_resume(folder: str, shards: list[str], repeats: int) -> None:
+    total = 0
+    print("2. time to the first batch after resuming (page cache warm; best of", repeats, "runs)")
+    rows = {}
+    for offsets in (True, False):
+        index = os.path.join(folder, f"index-{'offsets' if offsets else 'plain'}.json")
+        wd.ShardIndex.from_scans(wd.build_index(shards), relative_to=index).save(index, offsets=offsets)
+        per_epoch = wd.ExactEpochs(index, batch_size=BATCH).batches_per_epoch
+        total = per_epoch
+        for share in (0.1, 0.9):
+            state = wd.EpochState(epoch=0, batches=int(per_epoch * share))
+            time_to_first_batch(index, state)  # warm the page cache
+            rows[offsets, share] = min(time_to_first_batch(index, state) for _ in range(repeats))
+        for share in (0.1, 0.9):
+            print(f"   {'with offsets' if offsets else 'without offsets':<17} at {share:.0%} of the epoch: "
+                  f"{rows[offsets, share] * 1000:7.1f} ms")
+        print(f"   {'':<17} 90% / 10%: {rows[offsets, 0.9] / rows[offsets, 0.1]:.2f} (target < 1.5)")
+    print(f"   ({total} batches of {BATCH} per epoch)")
+
+
+def quality(order: list[str], dataset: dict[str, int], shard_of: dict[str, int]) -> tuple[float, float]:
+    positions = np.array([dataset[k] for k in order])
+    correlation = abs(np.corrcoef(np.arange(len(positions)), positions)[0, 1])
+    batches = [order[i : i + BATCH] for i in range(0, len(order) - BATCH + 1, BATCH)]
+    shards_per_batch = float(np.mean([len({shard_of[k] for k in b}) for b in batches]))
+    return correlation, shards_per_batch
+
+
+def bench_quality(folder: str, shards: list[str], block: int) -> None:
+    print(f"3. shuffle quality (batches of {BATCH}; memory: {block} samples)")
+    index = wd.ShardIndex.from_scans(wd.build_index(shards))
+    dataset, shard_of = {}, {}
+    for s in range(len(index)):
+        for i in range(int(index.sizes[s])):
+            key = f"s{s:05d}-{i:05d}"
+            dataset[key] = len(dataset)
+            shard_of[key] = s
+    ours = [s["__key__"] for s in wd.ExactEpochs(index, batch_size=BATCH, block=block, seed=3)]
+    theirs = [s["__key__"] for s in wds.WebDataset(shards, shardshuffle=len(shards), seed=3).shuffle(block)]
+    print(f"   {'':<44} {'|corr(epoch, dataset)|':>22} {'shards per batch':>17}")
+    for label, order in ((f"ours: ExactEpochs(lanes=16, block={block})", ours),
+                         (f"webdataset: shardshuffle + shuffle({block})", theirs)):
+        corr, per_batch = quality(order, dataset, shard_of)
+        print(f"   {label:<44} {corr:22.3f} {per_batch:17.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shards", type=int, default=64)
+    parser.add_argument("--per-shard", type=int, default=500)
+    parser.add_argument("--sample-kb", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-bench-epochs"))
+    args = parser.parse_args()
+    os.makedirs(args.data, exist_ok=True)
+    print(f"machine: {os.cpu_count()} cores, {sys.platform}, python {sys.version.split()[0]}")
+    bench_planning()
+    shards = make_shards(args.data, args.shards, args.per_shard, args.sample_kb)
+    print(f"data: {args.shards} shards x {args.per_shard} samples of {args.sample_kb} KB")
+    bench_resume(args.data, shards, args.repeats)
+    bench_quality(args.data, shards, 512)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""The command line: ``python -m wds_datapipes index | inspect | verify``.
+
+- ``index URLS -o index.json``: count every shard's samples (and where each starts) into a
+  shard index; several shards at a time, a progress bar, and a restart that skips the
+  shards an interrupted run finished.
+- ``inspect index.json|URL``: what is in a dataset or a shard, like ``tar tv``: shards,
+  samples, fields and their sizes.
+- ``verify index.json``: every shard readable, its samples and size as the index says,
+  keys unique; exit status 1 naming the shard and member otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import entry_points
+
+import numpy as np
+
+from .errors import WdsError
+from .grouping import group_members
+from .openers import open_shard, url_scheme
+from .shard_index import ShardIndex, ShardScan, build_index, check_scan_against, scan_shard
+from .shard_listing import expand_url_spec, resolve_local
+from .tar_reader import iter_tar_members
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (WdsError, OSError, ValueError) as exn:
+        print(f"error: {exn}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m wds_datapipes", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    index = commands.add_parser(
+        "index", help="write a shard index (samples per shard, sample offsets)",
+        description="Count the samples of every shard (webdataset's key rule) and record where each sample "
+        "starts, into a wids-format JSON index plus a binary offsets file beside it. An interrupted run "
+        "continues where it stopped when run again with the same output (OUTPUT.partial holds its progress).",
+    )
+    index.add_argument("urls", nargs="+", metavar="URL",
+                       help="shard URLs: brace patterns (train-{000..099}.tar), globs, directories, "
+                       "http(s)://, ais://, or any scheme a plugin registers")
+    index.add_argument("-o", "--output", required=True, help="the index file to write (e.g. index.json)")
+    index.add_argument("-j", "--jobs", type=int, default=8, help="shards read at a time (default 8)")
+    index.add_argument("--no-offsets", action="store_true", help="write no offsets file")
+    index.add_argument("--restart", action="store_true", help="ignore the progress of an interrupted run")
+    index.add_argument("--quiet", action="store_true", help="no progress bar")
+    index.set_defaults(run=_index)
+
+    inspect = commands.add_parser(
+        "inspect", help="show what a dataset or shard holds",
+        description="For an index: its shards, samples, bytes, and the fields of the first samples. "
+        "For a shard URL: its members (name and size, like tar tv) and a summary of its fields.",
+    )
+    inspect.add_argument("target", help="an index (.json) or a shard URL")
+    inspect.add_argument("-n", "--samples", type=int, default=10, help="samples to list or sample (default 10)")
+    inspect.add_argument("--shards", type=int, default=10, help="shards of an index to list (default 10)")
+    inspect.set_defaults(run=_inspect)
+
+    verify = commands.add_parser(
+        "verify", help="check every shard against its index",
+        description="Read every shard of an index: each must be a complete archive, hold the number of "
+        "samples and bytes the index says (and the same sample offsets), and have unique keys. "
+        "Prints each problem with its shard and member, and exits with status 1 if there is any.",
+    )
+    verify.add_argument("index", help="the index file")
+    verify.add_argument("-j", "--jobs", type=int, default=8, help="shards read at a time (default 8)")
+    verify.add_argument("--across-shards", action="store_true",
+                        help="also check that no key appears in two shards (holds every key in memory)")
+    verify.add_argument("--allow-pipe", action="store_true", help="let the index's URLs be pipe: commands")
+    verify.set_defaults(run=_verify)
+    return parser
+
+
+# ------------------------------------------------------------ index
+
+
+def expand_urls(specs: Iterable[str]) -> list[str]:
+    """Shard URLs from what a user typed: braces, globs, directories, and plugin listers
+    (entry points in ``wds_datapipes.listers``, e.g. an object store's prefix listing)."""
+    urls: list[str] = []
+    for spec in specs:
+        for url in expand_url_spec(spec):
+            lister = _plugin_lister(url_scheme(url))
+            urls.extend(lister(url) if lister is not None else resolve_local(url))
+    return urls
+
+
+def _plugin_lister(scheme: str):
+    for ep in entry_points(group="wds_datapipes.listers"):
+        if ep.name == scheme:
+            return ep.load()
+    return None
+
+
+def _index(args: argparse.Namespace) -> int:
+    urls = expand_urls(args.urls)
+    if not urls:
+        raise WdsError(f"no shard matched {args.urls}")
+    if len(set(urls)) != len(urls):
+        raise WdsError("a shard is listed twice: " + next(u for u in urls if urls.count(u) > 1))
+    partial = args.output + ".partial"
+    done = {} if args.restart else _read_partial(partial)
+    if done:
+        print(f"continuing an interrupted run: {len(done)} of {len(urls)} shards already indexed", file=sys.stderr)
+    with _Progress(len(urls), len(done), quiet=args.quiet) as progress, open(partial, "a") as log:
+        def record(scan: ShardScan) -> None:
+            log.write(json.dumps(_scan_to_json(scan)) + "\n")
+            log.flush()
+            progress.advance(scan.nsamples)
+
+        scans = build_index(urls, jobs=args.jobs, done={u: s for u, s in done.items() if u in set(urls)},
+                            on_scan=record)
+    index = ShardIndex.from_scans(scans, relative_to=args.output)
+    index.save(args.output, offsets=not args.no_offsets)
+    os.remove(partial)
+    print(f"{args.output}: {len(scans)} shards, {index.total} samples"
+          + ("" if args.no_offsets or not index.has_offsets else ", with sample offsets"), file=sys.stderr)
+    return 0
+
+
+def _scan_to_json(scan: ShardScan) -> dict:
+    offsets = None
+    if scan.offsets is not None:
+        offsets = base64.b64encode((scan.offsets // 512).astype("<u4").tobytes()).decode()
+    return {"url": str.__str__(scan.url), "nsamples": scan.nsamples, "filesize": scan.filesize, "offsets": offsets}
+
+
+def _read_partial(path: str) -> dict[str, ShardScan]:
+    done = {}
+    if not os.path.exists(path):
+        return done
+    with open(path) as lines:
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the interruption
+            offsets = None
+            if entry["offsets"] is not None:
+                offsets = np.frombuffer(base64.b64decode(entry["offsets"]), dtype="<u4").astype(np.int64) * 512
+            done[entry["url"]] = ShardScan(entry["url"], entry["nsamples"], entry["filesize"], offsets)
+    return done
+
+
+class _Progress:
+    """A tqdm bar on stderr where tqdm is installed, else a line every few seconds."""
+
+    def __init__(self, total: int, done: int, quiet: bool):
+        self.total, self.done, self.samples, self.quiet = total, done, 0, quiet
+        self.bar = None
+        if not quiet:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, initial=done, unit="shard", file=sys.stderr)
+            except ImportError:
+                pass
+
+    def advance(self, samples: int) -> None:
+        self.done += 1
+        self.samples += samples
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(samples=self.samples, refresh=False)
+        elif not self.quiet:
+            print(f"{self.done}/{self.total} shards", file=sys.stderr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ------------------------------------------------------------ inspect
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    if args.target.endswith(".json"):
+        return _inspect_index(args)
+    return _inspect_shard(args)
+
+
+def _inspect_index(args: argparse.Namespace) -> int:
+    index = ShardIndex.load(args.target)
+    sizes = [s.filesize for s in index.shards if s.filesize is not None]
+    print(f"index {args.target}: {len(index)} shards, {index.total} samples"
+          + (f", {_bytes(sum(sizes))}" if sizes else "")
+          + (", sample offsets: yes" if index.has_offsets else ", sample offsets: no"))
+    if len(index):
+        counts = index.sizes
+        print(f"samples per shard: min {counts.min()}, mean {counts.mean():.1f}, max {counts.max()}")
+    for i in range(min(args.shards, len(index))):
+        info = index.shards[i]
+        print(f"  {info.nsamples:>9}  {_bytes(info.filesize) if info.filesize is not None else '?':>10}  {index.url(i)}")
+    if len(index) > args.shards:
+        print(f"  ... {len(index) - args.shards} more shards")
+    if len(index):
+        print(f"fields of the first {args.samples} samples of {index.url(0)}:")
+        _print_fields(_samples(index.url(0), args.samples))
+    return 0
+
+
+def _inspect_shard(args: argparse.Namespace) -> int:
+    url = args.target
+    stream = open_shard(url)
+    sizes: list[dict] = []  # per sample: field -> bytes
+    try:
+        for sample in group_members(url, iter_tar_members(stream, url)):
+            fields = {k: len(v) for k, v in sample.items() if not k.startswith("__")}
+            if len(sizes) < args.samples:
+                for field, size in fields.items():
+                    print(f"{size:>12}  {sample['__key__']}.{field}")
+            sizes.append(fields)
+    finally:
+        stream.close()
+    if len(sizes) > args.samples:
+        print(f"  ... {len(sizes) - args.samples} more samples")
+    print(f"shard {url}: {len(sizes)} samples")
+    _print_fields(sizes, sizes_given=True)
+    return 0
+
+
+def _samples(url: str, limit: int) -> list[dict]:
+    stream = open_shard(url)
+    try:
+        out = []
+        for sample in group_members(url, iter_tar_members(stream, url)):
+            out.append(sample)
+            if len(out) >= limit:
+                break
+        return out
+    finally:
+        stream.close()
+
+
+def _print_fields(samples: list[dict], sizes_given: bool = False) -> None:
+    fields: dict[str, list[int]] = {}
+    for sample in samples:
+        for field, value in sample.items():
+            if not field.startswith("__"):
+                fields.setdefault(field, []).append(value if sizes_given else len(value))
+    print(f"  {'field':<16} {'in samples':>10} {'min':>10} {'mean':>10} {'max':>10}")
+    for field, lengths in sorted(fields.items()):
+        print(f"  {field:<16} {len(lengths):>10} {_bytes(min(lengths)):>10} "
+              f"{_bytes(sum(lengths) / len(lengths)):>10} {_bytes(max(lengths)):>10}")
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+# ------------------------------------------------------------ verify
+
+
+def _verify(args: argparse.Namespace) -> int:
+    index = ShardIndex.load(args.index, allow_pipe=args.allow_pipe)
+    offsets = index.offsets_array()
+    problems: list[str] = []
+    owners: dict[str, str] = {}
+    def check(i: int) -> tuple[int, ShardScan | None, str | None]:
+        try:
+            return i, scan_shard(index.url(i), keys=args.across_shards), None
+        except WdsError as exn:
+            return i, None, f"shard {index.url(i)!r} cannot be read: {exn}"
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for i, scan, error in pool.map(check, range(len(index))):
+            url = index.url(i)
+            if error is not None:
+                problems.append(error)
+                continue
+            problems.extend(check_scan_against(index.shards[i], url, scan))
+            if offsets is not None and scan.offsets is not None and scan.nsamples == index.shards[i].nsamples:
+                mine = offsets[int(index.firsts[i]) : int(index.firsts[i]) + scan.nsamples]
+                if not np.array_equal(mine, scan.offsets):
+                    problems.append(f"shard {url!r}: its sample offsets differ from the index's; index it again")
+            for key in scan.keys or ():
+                if key in owners:
+                    problems.append(f"key {key!r} is in shard {owners[key]!r} and in shard {url!r}")
+                owners.setdefault(key, url)
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"{len(problems)} problem{'s' * (len(problems) != 1)} in {args.index}", file=sys.stderr)
+        return 1
+    print(f"{args.index}: ok: {len(index)} shards, {index.total} samples", file=sys.stderr)
+    return 0
