@@ -50,6 +50,7 @@ test-core: setup
 	$(BIN)/python -m pytest -q tests --ignore=tests/aisio
 
 bench: setup
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/bench_pipeline.py
 
 bench-epochs: setup

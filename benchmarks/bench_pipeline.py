@@ -8,8 +8,9 @@ Writes its data once (reused between runs; --data DIR):
 - raw payloads: 4,000 samples of random bytes of 1, 16 and 100 KB.
 
 Then times, each row the best of --repeats after a warm-up read (page cache):
-1. raw grouped samples (no decoding): ours, webdataset, and reading the same tar files
-   whole (the ceiling of any reader), per member size;
+1. raw grouped samples (no decoding): ours, webdataset, LitData (the same samples in its
+   own chunk format, written once; where litdata is installed, as `make bench` does) and
+   reading the same tar files whole (the ceiling of any reader), per member size;
 2. vision, one process (CPU time): bytes -> 224x224 uint8 crops in batches of 64, for
    evaluation (resize the short side to 256, centre crop) and training (random-resized
    crop + flip): the bare loop (torchvision.io.decode_jpeg + the transform over bytes in
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -56,6 +58,12 @@ try:
 except ImportError:  # torchdata >= 0.10
     DataLoader2 = None
 
+try:  # make bench installs it (the [bench] extra)
+    import litdata
+    from litdata.streaming.writer import BinaryWriter
+except ImportError:
+    litdata = None
+
 BATCH = 64
 EVAL = CenterCrop(224, 256)
 TRAIN = RandomResizedCrop(224, seed=0)
@@ -66,7 +74,9 @@ def count_samples(items: Iterable) -> int:
     n = 0
     for item in items:
         if isinstance(item, dict):
-            n += len(item["cls"]) if "cls" in item and hasattr(item["cls"], "__len__") else 1
+            labels = item.get("cls")
+            # A batch's labels count its samples; a raw sample's label is bytes (LitData: a memoryview).
+            n += len(labels) if hasattr(labels, "__len__") and not isinstance(labels, (bytes, str, memoryview)) else 1
         elif isinstance(item, (tuple, list)):
             n += len(item[1])
         else:
@@ -106,6 +116,17 @@ def read_whole(files: list[str], per_file: int):
             while stream.readinto(view):
                 pass
         yield from range(per_file)
+
+
+def litdata_copy(files: list[str], folder: str) -> str:
+    """The samples of ``files`` written once in LitData's own chunk format (64 MB chunks)."""
+    if not os.path.exists(os.path.join(folder, "index.json")):
+        writer = BinaryWriter(folder, chunk_bytes="64MB")
+        for i, sample in enumerate(wd.ShardLister(files).load_tar().group_by_key()):
+            writer.add_item(i, {k: v for k, v in sample.items() if not k.startswith("__")})
+        writer.done()
+        writer.merge()
+    return folder
 
 
 # ------------------------------------------------------------ vision
@@ -193,7 +214,8 @@ def main() -> None:
     torch.set_num_threads(1)  # the loaders' own threads and processes are what is measured
 
     print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
-          f"python {platform.python_version()}, torch {torch.__version__}, torchvision {torchvision.__version__}")
+          f"python {platform.python_version()}, torch {torch.__version__}, torchvision {torchvision.__version__}"
+          + ("" if litdata is None else f", litdata {litdata.__version__}"))
     photos = make_photo_shards(os.path.join(args.data, "photos"), args.photos)
     payloads = {kb: make_payload_shards(os.path.join(args.data, "payload"), kb) for kb in (1, 16, 100)}
     small = make_jpeg_shards(args.data)
@@ -208,13 +230,19 @@ def main() -> None:
     print("1. raw grouped samples, no decoding (CPU time of this process)")
     raw = {}
     for label, files in (("photos, ~50 KB", photos), *((f"{kb} KB payloads", f) for kb, f in payloads.items())):
-        per_file = count_samples(wd.ShardLister(files).load_tar().group_by_key()) // len(files)
+        total = count_samples(wd.ShardLister(files).load_tar().group_by_key())
+        per_file = total // len(files)
         ours = row(f"ours, {label}: list_shards().load_tar().group_by_key()",
                    lambda f=files: wd.ShardLister(f).load_tar().group_by_key())
         theirs = row(f"webdataset, {label}: WebDataset(shardshuffle=False)",
                      lambda f=files: wds.WebDataset(f, shardshuffle=False))
+        lit = None
+        if litdata is not None:
+            folder = litdata_copy(files, os.path.join(args.data, "litdata", f"{label.split(',')[0].replace(' ', '-')}-{total}"))
+            lit = row(f"litdata, {label}: StreamingDataset (its own chunk format)",
+                      lambda d=folder: litdata.StreamingDataset(d), expect=total)
         whole = row(f"reading the tar files whole, {label}", lambda f=files, n=per_file: read_whole(f, n))
-        raw[label] = (ours, theirs, whole)
+        raw[label] = (ours, theirs, lit, whole)
 
     jpgs = [s["jpg"] for s in wd.ShardLister(photos).load_tar().group_by_key()]
     print("\n2. vision, one process (CPU time): bytes -> 224x224 uint8 crops, batches of 64")
@@ -244,9 +272,14 @@ def main() -> None:
                     for name, make in loaders.items()}
     wds_dl = row("eval: webdataset recipe under DataLoader(num_workers=2)",
                  lambda: DataLoader(webdataset_vision(photos, False), batch_size=None, num_workers=2))
-    first = {name: first_batch_seconds(make) for name, make in loaders.items()}
+    # One start is noise (200-420 ms for the same loader): the median of 5, loaders interleaved.
+    starts: dict[str, list[float]] = {name: [] for name in loaders}
+    for _ in range(5):
+        for name, make in loaders.items():
+            starts[name].append(first_batch_seconds(make))
+    first = {name: statistics.median(seconds) for name, seconds in starts.items()}
     for name, seconds in first.items():
-        print(f"  time to the first batch, {name:<52} {seconds * 1000:8.0f} ms")
+        print(f"  time to the first batch, {name:<52} {seconds * 1000:8.0f} ms (median of 5)")
 
     print("\n4. uniform small images (256x256 JPEG), decoded into the batch (CPU time, then wall time)")
     table.clock = time.process_time
@@ -273,8 +306,11 @@ def main() -> None:
                    .decode_batches("torchrgb8", batch_size=BATCH, num_threads=2).to_tuple("jpg", "cls"))
 
     print("\nratios [targets]")
-    for label, (ours, theirs, whole) in raw.items():
-        print(f"  raw, {label:<16} ours / webdataset {ours / theirs:5.1f}x, ours / reading whole {ours / whole:4.0%}")
+    for label, (ours, theirs, lit, whole) in raw.items():
+        versus_lit = "" if lit is None else (f", ours / litdata {ours / lit:4.2f}x [> 1], litdata / reading whole "
+                                             f"{lit / whole:4.0%}")
+        print(f"  raw, {label:<16} ours / webdataset {ours / theirs:5.1f}x, ours / reading whole {ours / whole:4.0%} "
+              f"[>= 80%]{versus_lit}")
     for name, (ours, bare, theirs) in one.items():
         print(f"  vision {name}, one process: ours / bare loop {ours / bare:4.0%} [>= 95%], "
               f"ours / webdataset {ours / theirs:4.1f}x")
@@ -285,6 +321,9 @@ def main() -> None:
         target = "85%" if "DataLoader2" in name else "90%"
         print(f"  vision eval, {name}: {rate / ceiling:4.0%} of the ceiling [>= {target}], "
               f"first batch {first[name] * 1000:.0f} ms")
+    if len(first) == 2:
+        dl, dl2 = first.values()
+        print(f"  first batch, DataLoader2 / DataLoader {dl2 / dl:4.2f} [<= 1.00]")
     print(f"  vision eval, two cores: ours one process / webdataset recipe {two['eval'][0] / wds_dl:4.1f}x")
     print(f"  small images: decode_batches / bare decoder {ours_one / bare_one:4.0%} (one process), "
           f"{ours_two / bare_two:4.0%} (2 threads)")

@@ -10,13 +10,15 @@ import zipfile
 import zlib
 
 import numpy as np
+import PIL
 import PIL.Image
 import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import wds_datapipes as wd
 from wds_datapipes import DecodeError, Limits, get_limits, set_limits
-from wds_datapipes.decoding import decode_image
+from wds_datapipes.decoding import check_image_pixels, decode_image
+from wds_datapipes.vision import CenterCrop
 
 
 @pytest.fixture
@@ -93,6 +95,18 @@ def test_the_image_limit_is_the_same_on_the_jpeg_fast_paths():
         list(samples.decode_batches("torchrgb8", batch_size=3, limits=small))
     (batch,) = samples.decode_batches("torchrgb8", batch_size=3)
     assert batch["jpg"].shape == (3, 3, 48, 64)
+    # The vision stage reads a JPEG's size from its header alone (simplejpeg, else Pillow).
+    check_image_pixels(jpeg, ("JPEG",), 64 * 48)
+    with pytest.raises(ValueError, match=r"64x48, 3072 pixels.*max_image_pixels"):
+        check_image_pixels(jpeg, ("JPEG",), 64 * 48 - 1)
+    with pytest.raises(PIL.UnidentifiedImageError):  # no header simplejpeg can read: Pillow decides
+        check_image_pixels(b"\xff\xd8\xff" + bytes(40), ("JPEG",), 10**6)
+    (batch,) = samples.decode_batches("torchrgb8", batch_size=3, transform=CenterCrop(16, 20),
+                                      limits=Limits(max_image_pixels=64 * 48))
+    assert batch["jpg"].shape == (3, 3, 16, 16)
+    with pytest.raises(DecodeError, match="64x48.*max_image_pixels"):
+        list(samples.decode_batches("torchrgb8", batch_size=3, transform=CenterCrop(16, 20),
+                                    limits=Limits(max_image_pixels=64 * 48 - 1)))
 
 
 # ---------------------------------------------------------------- .gz fields, npy and npz
