@@ -539,6 +539,8 @@ class _TarWalk:
             entry_start: int | None = None  # offset of the extended headers before the next member
             pending: _Pending | None = None  # what those headers said, where it matters
             verified_pax: dict[bytes, int] = {}
+            last_pax: bytes | None = None  # the last verified PAX block, and its size
+            last_pax_size = -1
             while True:
                 if reader.end - pos < BLOCK:
                     self._fill_header(pos, member)
@@ -549,11 +551,13 @@ class _TarWalk:
                     flag in _REGULAR and pending is None
                     and buf[pos + 154] in _ENDS and buf[pos + 135] in _ENDS
                     and buf[pos + 148 : pos + 154].isdigit() and buf[pos + 124 : pos + 135].isdigit()
-                    # One adler32 call: its low half is 1 + the block's byte sum mod 65521, exact
-                    # below 65521; above, this test fails and the slow path checks exactly.
+                    # adler32's low half is 1 + the byte sum mod 65521, exact below 65521 (above,
+                    # this test fails and the slow path checks exactly). Chained over the block
+                    # around the checksum field, it is tar's sum less the field's 8 spaces.
                     # ~7% of the raw rate (9.8x -> 10.5x webdataset) over _header_ok.
                     and int(buf[pos + 148 : pos + 154], 8) == (
-                        (zlib.adler32(view[pos : pos + BLOCK]) & 0xFFFF) + 8 * 32 - 1 - sum(view[pos + 148 : pos + 156])
+                        (zlib.adler32(view[pos + 156 : pos + BLOCK], zlib.adler32(view[pos : pos + 148])) & 0xFFFF)
+                        + 8 * 32 - 1
                     )
                 ):
                     # A plain regular member, fields as tar writes them ("%06o\0 ", "%011o\0").
@@ -588,10 +592,16 @@ class _TarWalk:
                     # varies), and webdataset's puts one with just an mtime before every
                     # member: a verified block is not checked again, and such a record is
                     # not parsed (1.2x the raw rate on webdataset-written shards).
-                    block = bytes(view[pos : pos + BLOCK])
-                    size = verified_pax.get(block, -1)
-                    if size < 0:
-                        size = self._pax_size(view, pos, block, verified_pax)
+                    # The block seen last is compared in place first (most often the same).
+                    if last_pax is not None and buf.startswith(last_pax, pos):
+                        size = last_pax_size
+                    else:
+                        block = bytes(view[pos : pos + BLOCK])
+                        size = verified_pax.get(block, -1)
+                        if size < 0:
+                            size = self._pax_size(view, pos, block, verified_pax)
+                        if size >= 0:
+                            last_pax, last_pax_size = block, size
                     start = pos + BLOCK
                     if (
                         0 < size <= BLOCK and buf[start + size - 1] == 10
