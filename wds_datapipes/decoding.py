@@ -195,15 +195,11 @@ def check_image_pixels(data: bytes, formats: tuple[str, ...], max_pixels: int) -
     ~30 us: 2-5% of a 224 px crop's decode); Pillow reads the rest, and any JPEG simplejpeg
     cannot read or Pillow's own bomb guard would stop.
     """
-    if formats == ("JPEG",) and simplejpeg is not None:
-        try:
-            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-        except ValueError:
-            pass  # Pillow's open below says what is wrong with it
-        else:
-            if not _too_big_for_pillow(height * width):
-                _check_pixels(width, height, max_pixels)
-                return
+    header = _simplejpeg_header(data) if formats == ("JPEG",) else None
+    if header is not None and not _too_big_for_pillow(header[0] * header[1]):
+        _check_pixels(header[1], header[0], max_pixels)
+        return
+    # Anything else, an unreadable JPEG header included: Pillow's open says what is wrong.
     with io.BytesIO(data) as stream, PIL.Image.open(stream, formats=formats) as image:
         _check_pixels(image.width, image.height, max_pixels)
 
@@ -241,13 +237,23 @@ def _exact_jpeg_header(data: bytes, max_pixels: int) -> tuple[int, int, str] | N
     """(height, width, colorspace) of a JPEG that simplejpeg decodes to Pillow's exact
     pixels (YCbCr or greyscale, within Pillow's size guard and ``max_pixels``), else None
     (Pillow then decodes it, or refuses it)."""
-    if simplejpeg is None or not data.startswith(b"\xff\xd8"):
+    header = _simplejpeg_header(data) if data.startswith(b"\xff\xd8") else None
+    if header is None:
+        return None
+    height, width, colorspace = header
+    if colorspace not in ("YCbCr", "Gray") or _too_big_for_pillow(height * width) or height * width > max_pixels:
+        return None
+    return height, width, colorspace
+
+
+def _simplejpeg_header(data: bytes) -> tuple[int, int, str] | None:
+    """(height, width, colorspace) from a JPEG's header by simplejpeg; None without
+    simplejpeg or for a header it cannot read."""
+    if simplejpeg is None:
         return None
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError:
-        return None
-    if colorspace not in ("YCbCr", "Gray") or _too_big_for_pillow(height * width) or height * width > max_pixels:
         return None
     return height, width, colorspace
 
