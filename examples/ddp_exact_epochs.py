@@ -6,7 +6,7 @@
 Runs on CPU (gloo). Each rank:
 
 1. (rank 0 first) writes scikit-learn's digits into shards of uneven sizes and indexes them,
-   as ``python -m wds_datapipes index data/ddp/digits-*.tar -o data/ddp/index.json`` does;
+   as ``python -m wds_datapipes index --places data/ddp/digits-*.tar -o data/ddp/index.json`` does;
 2. reads ``ExactEpochs(index, batch_size=32)`` -> decode -> to_tuple -> batches under a
    ``StatefulDataLoader`` with 2 workers: every rank gets the same number of batches, so
    DDP's all-reduce in every step never waits on a rank that ran out;
@@ -58,7 +58,7 @@ def write_shards(folder: str) -> str:
                 Image.fromarray(images[i]).save(png, format="PNG")
                 writer.write({"__key__": f"digit{i:05d}", "png": png.getvalue(), "cls": int(digits.target[i])})
         shards.append(path)
-    wd.ShardIndex.from_scans(wd.build_index(shards), relative_to=index).save(index)
+    wd.ShardIndex.from_scans(wd.build_index(shards, places=True), relative_to=index).save(index)
     return index
 
 

@@ -33,9 +33,10 @@ def uneven_index(tmp_path, sized_shards) -> str:
     return write_index(sized_shards(UNEVEN), tmp_path / "index.json")
 
 
-@pytest.fixture(params=[True, False], ids=["offsets", "no-offsets"])
+@pytest.fixture(params=["offsets", "no-offsets", "places"])
 def any_index(request, tmp_path, sized_shards) -> str:
-    return write_index(sized_shards(UNEVEN), tmp_path / "index.json", offsets=request.param)
+    return write_index(sized_shards(UNEVEN), tmp_path / "index.json", offsets=request.param != "no-offsets",
+                       places=request.param == "places")
 
 
 def _reader(index: str, rank: int, world: int, worker: int, workers: int, **options) -> ExactEpochs:

@@ -2,7 +2,8 @@
 
 - ``index URLS -o index.json``: count every shard's samples (and where each starts) into a
   shard index; several shards at a time, a progress bar, and a restart that skips the
-  shards an interrupted run finished.
+  shards an interrupted run finished. ``--places`` also records where each member's bytes
+  lie (see :mod:`wds_datapipes.member_places`).
 - ``inspect index.json|URL``: what is in a dataset or a shard, like ``tar tv``: shards,
   samples, fields and their sizes.
 - ``verify index.json``: every shard readable, its samples and size as the index says,
@@ -59,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("-o", "--output", required=True, help="the index file to write (e.g. index.json)")
     index.add_argument("-j", "--jobs", type=int, default=8, help="shards read at a time (default 8)")
     index.add_argument("--no-offsets", action="store_true", help="write no offsets file")
+    index.add_argument("--places", action="store_true",
+                       help="also record where each member's bytes lie in its shard (local, uncompressed "
+                       "shards): ExactEpochs then reads them without parsing tar headers, ~2x faster raw")
     index.add_argument("--restart", action="store_true", help="ignore the progress of an interrupted run")
     index.add_argument("--quiet", action="store_true", help="no progress bar")
     index.set_defaults(run=_index)
@@ -76,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     verify = commands.add_parser(
         "verify", help="check every shard against its index",
         description="Read every shard of an index: each must be a complete archive, hold the number of "
-        "samples and bytes the index says (and the same sample offsets), and have unique keys. "
+        "samples and bytes the index says (and the same sample offsets and member places), and have unique keys. "
         "Prints each problem with its shard and member, and exits with status 1 if there is any.",
     )
     verify.add_argument("index", help="the index file")
@@ -126,13 +130,21 @@ def _index(args: argparse.Namespace) -> int:
             progress.advance(scan.nsamples)
 
         scans = build_index(urls, jobs=args.jobs, done={u: s for u, s in done.items() if u in set(urls)},
-                            on_scan=record)
+                            on_scan=record, places=args.places)
     index = ShardIndex.from_scans(scans, relative_to=args.output)
     index.save(args.output, offsets=not args.no_offsets)
     os.remove(partial)
     print(f"{args.output}: {len(scans)} shards, {index.total} samples"
-          + ("" if args.no_offsets or not index.has_offsets else ", with sample offsets"), file=sys.stderr)
+          + ("" if args.no_offsets or not index.has_offsets else ", with sample offsets")
+          + _places_summary(index, args.places), file=sys.stderr)
     return 0
+
+
+def _places_summary(index: ShardIndex, asked: bool) -> str:
+    if not asked:
+        return ""
+    placed = 0 if index.places is None else sum(index.places.has(i) for i in range(len(index)))
+    return f", member places for {placed} of {len(index)} shards (local, uncompressed)"
 
 
 def _scan_to_json(scan: ShardScan) -> dict:
@@ -282,7 +294,8 @@ def _verify(args: argparse.Namespace) -> int:
     owners: dict[str, str] = {}
     def check(i: int) -> tuple[int, ShardScan | None, str | None]:
         try:
-            return i, scan_shard(index.url(i), keys=args.across_shards), None
+            places = index.places is not None and index.places.has(i)
+            return i, scan_shard(index.url(i), keys=args.across_shards, places=places), None
         except WdsError as exn:
             return i, None, f"shard {index.url(i)!r} cannot be read: {exn}"
 
@@ -297,6 +310,8 @@ def _verify(args: argparse.Namespace) -> int:
                 mine = offsets[int(index.firsts[i]) : int(index.firsts[i]) + scan.nsamples]
                 if not np.array_equal(mine, scan.offsets):
                     problems.append(f"shard {url!r}: its sample offsets differ from the index's; index it again")
+            if scan.places is not None and not index.places.matches(i, scan.places):
+                problems.append(f"shard {url!r}: its member places differ from the index's; index it again")
             for key in scan.keys or ():
                 if key in owners:
                     problems.append(f"key {key!r} is in shard {owners[key]!r} and in shard {url!r}")

@@ -19,6 +19,7 @@ from .errors import IndexMismatchError
 from .grouping import group_members, split_key
 from .handlers import EXACT_EPOCH_FLAG
 from .limits import Limits, get_limits
+from .member_places import read_placed
 from .openers import ShardUrl, open_shard, stream_size
 from .pipe_base import Pipe
 from .shard_index import ShardIndex
@@ -62,6 +63,11 @@ class ExactEpochs(Pipe[dict]):
         allow_pipe: with an index location, let its shard URLs be ``pipe:`` commands.
         limits: the largest member, HTTP timeouts, ...: by default the process's
             :func:`~wds_datapipes.limits.get_limits` when the pipe is built.
+        views: fields as read-only ``memoryview``s instead of ``bytes``. Where the index
+            has member places, they are slices of the megabyte read around them: one copy
+            per member (page cache to that read) instead of two, and a sample keeps its
+            megabyte alive. ``decode`` and ``decode_batches`` take them as they are; other
+            code may need ``bytes(field)``.
 
     Epochs are counted as the loaders start them; ``set_epoch(e)`` sets the next one, as
     ``DistributedSampler.set_epoch`` does. ``state_dict()`` / ``load_state_dict()`` (also on
@@ -87,12 +93,14 @@ class ExactEpochs(Pipe[dict]):
         block: int = 512,
         allow_pipe: bool = False,
         limits: Limits | None = None,
+        views: bool = False,
     ):
         self.index = index if isinstance(index, ShardIndex) else ShardIndex.load(index, allow_pipe=allow_pipe)
         self.settings = PlanSettings(seed=seed, batch_size=batch_size, mode=mode, shuffle=shuffle,
                                      samples_per_epoch=samples_per_epoch, lanes=lanes, block=block)
         self._where = ShardingRecord(rank, world_size)
         self.limits = limits or get_limits()
+        self.views = views
         self._clock = EpochClock()
         self._resume: EpochState | None = None
         self._run: _Run | None = None
@@ -141,7 +149,7 @@ class ExactEpochs(Pipe[dict]):
         self._run = run
         rank, worker = run.topology.rank, run.plan_worker
         yield from read_share(self.index, run.plan.reader(rank, worker), run.plan.reader_spans(rank, worker),
-                              run.start, self.limits)
+                              run.start, self.limits, self.views)
 
 
     def _start(self) -> _Run:
@@ -243,17 +251,17 @@ class _Run:
 
 
 def read_share(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: int,
-               limits: Limits | None = None) -> Iterator[dict]:
+               limits: Limits | None = None, views: bool = False) -> Iterator[dict]:
     """The samples of one reader's share, from output position ``start``, in the plan's order."""
     if start >= reader.length:
         return
     bounds = reader.lane_bounds()
     if not reader.shuffle:
-        yield from _lane_samples(index, spans.slice(start, reader.length), limits)
+        yield from _lane_samples(index, spans.slice(start, reader.length), limits, views)
         return
     first_block = start // reader.block_size
     taken = reader.taken_per_lane(start)
-    lanes = [_lane_samples(index, spans.slice(a + t, b), limits) for (a, b), t in zip(bounds, taken)]
+    lanes = [_lane_samples(index, spans.slice(a + t, b), limits, views) for (a, b), t in zip(bounds, taken)]
     try:
         for q in range(first_block, reader.blocks):
             members = reader.block_rows(q)
@@ -274,12 +282,12 @@ def read_share(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: in
             lane.close()
 
 
-def _lane_samples(index: ShardIndex, spans: SpanList, limits: Limits | None) -> Iterator[dict]:
+def _lane_samples(index: ShardIndex, spans: SpanList, limits: Limits | None, views: bool) -> Iterator[dict]:
     for span in spans:
-        yield from span_samples(index, span, limits)
+        yield from span_samples(index, span, limits, views)
 
 
-def span_samples(index: ShardIndex, span: Span, limits: Limits | None = None) -> Iterator[dict]:
+def span_samples(index: ShardIndex, span: Span, limits: Limits | None = None, views: bool = False) -> Iterator[dict]:
     """The samples ``span.start`` .. ``span.stop - 1`` of one shard, each with its ``__pad__`` flag.
 
     With offsets in the index, the shard is opened at the span's first sample; without,
@@ -288,6 +296,12 @@ def span_samples(index: ShardIndex, span: Span, limits: Limits | None = None) ->
     """
     url = index.url(span.shard)
     info = index.shards[span.shard]
+    if index.places is not None:
+        samples = read_placed(index.places, span.shard, url, span.start, span.stop, info.filesize,
+                              limits or get_limits(), {PAD_KEY: span.pad}, views)
+        if samples is not None:
+            yield from samples  # read_placed checked that its places hold the span's samples
+            return
     offset = index.sample_offset(span.shard, span.start) if span.start else 0
     skip = span.start if offset is None else 0
     to_end = span.stop == info.nsamples  # read to the end of the archive: the count is checked whole
@@ -308,6 +322,10 @@ def span_samples(index: ShardIndex, span: Span, limits: Limits | None = None) ->
                                              f"says {info.nsamples}: it changed since it was indexed; index it again")
                 return  # the next sample's first member was read; the rest of the shard is not
             sample[PAD_KEY] = span.pad
+            if views:
+                for field, value in sample.items():
+                    if isinstance(value, bytes):
+                        sample[field] = memoryview(value)
             yield sample
             taken += 1
         skipped = min(skipper.samples, skip) if skipper else 0

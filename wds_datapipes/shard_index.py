@@ -32,8 +32,9 @@ import numpy as np
 
 from .errors import IndexMismatchError, WdsError
 from .grouping import split_key
+from .member_places import MemberPlaces, ShardPlaces, file_stamp, places_of_members
 from .openers import LocalPath, open_shard, stream_size, url_scheme
-from .tar_reader import iter_tar_index
+from .tar_reader import iter_tar_places
 
 WIDS_VERSION = 1
 OFFSET_DTYPE = np.dtype("<u4")
@@ -60,18 +61,24 @@ class ShardScan:
     offsets: np.ndarray | None  # bytes; None for a shard that cannot be entered mid-way
     repeated_keys: list[tuple[str, str]] = field(default_factory=list)  # (key, member)
     keys: list[str] | None = None  # every key, when asked for
+    places: ShardPlaces | None = None  # its member places, when asked for
 
 
-def scan_shard(url: str, keys: bool = False) -> ShardScan:
-    """Reads a shard's tar headers (never its payloads) and counts its samples."""
+def scan_shard(url: str, keys: bool = False, places: bool = False) -> ShardScan:
+    """Reads a shard's tar headers (never its payloads) and counts its samples (and takes
+    its member places, see :mod:`wds_datapipes.member_places`)."""
     stream = open_shard(url)
     try:
         filesize = stream_size(stream)
+        stamp = file_stamp(stream) if places else None  # before the headers: a later change is seen
         starts: list[int | None] = []
         repeated: list[tuple[str, str]] = []
         seen: set[str] = set()
         previous = None
-        for name, offset in iter_tar_index(stream, url):
+        members: list[tuple[str, int | None, int]] = []
+        for name, offset, data, size in iter_tar_places(stream, url):
+            if places:
+                members.append((name, data, size))
             split = split_key(name)
             if split is None or split[0] == previous:
                 continue
@@ -83,7 +90,8 @@ def scan_shard(url: str, keys: bool = False) -> ShardScan:
     finally:
         stream.close()
     offsets = None if (starts and starts[0] is None) else np.asarray(starts, dtype=np.int64)
-    return ShardScan(url, len(starts), filesize, offsets, repeated, list(seen) if keys else None)
+    return ShardScan(url, len(starts), filesize, offsets, repeated, list(seen) if keys else None,
+                     places_of_members(url, members, stamp) if places else None)
 
 
 class ShardIndex:
@@ -94,6 +102,7 @@ class ShardIndex:
         base: the index's location; relative shard URLs are read against it.
         offsets: per sample, in shard order, its byte offset (``-1`` where a shard cannot
             be entered mid-way); or None.
+        places: where each member's bytes lie (:mod:`wds_datapipes.member_places`), or None.
         allow_pipe: let shard URLs of the index be ``pipe:`` commands. An index is data, often
             from elsewhere, so by default it cannot run commands.
 
@@ -103,7 +112,8 @@ class ShardIndex:
     """
 
     def __init__(self, shards: Sequence[ShardInfo], *, base: str | None = None,
-                 offsets: np.ndarray | None = None, allow_pipe: bool = False):
+                 offsets: np.ndarray | None = None, allow_pipe: bool = False,
+                 places: MemberPlaces | None = None):
         self.shards = list(shards)
         self.base = base
         self.allow_pipe = allow_pipe
@@ -113,6 +123,7 @@ class ShardIndex:
         self.firsts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]) if len(self.sizes) else self.sizes
         self._offsets_file: str | None = None
         self._offsets: np.ndarray | None = None
+        self.places = places
         if offsets is not None:
             self._set_offsets(np.asarray(offsets))
         self._urls = [self._resolve(s.url) for s in self.shards]
@@ -145,22 +156,33 @@ class ShardIndex:
         extra = spec.get("wds_datapipes") or {}
         if extra.get("offsets"):
             index._attach_offsets(_join(_base_of(location), extra["offsets"]), extra, location)
+        if extra.get("places") and url_scheme(location) == "file":  # memory-mapped: local indexes only
+            index.places = MemberPlaces.load(_base_of(location), extra["places"], len(shards), location)
         return index
 
     def save(self, path: str, *, offsets: bool = True) -> None:
-        """Writes the JSON index, and beside it the offsets file (when there are offsets)."""
+        """Writes the JSON index, and beside it the offsets file (when there are offsets) and
+        the member places' files (when there are places)."""
         spec: dict = {"wids_version": WIDS_VERSION, "shardlist": [
             {"url": s.url, "nsamples": s.nsamples, **({"filesize": s.filesize} if s.filesize is not None else {})}
             for s in self.shards
         ]}
+        folder = os.path.dirname(path) or "."
+        stem = os.path.splitext(os.path.basename(path))[0]
+        extra: dict = {}
         offsets_array = self.offsets_array() if offsets else None
         if offsets_array is not None:
-            name = os.path.splitext(os.path.basename(path))[0] + ".offsets"
             blocks = np.where(offsets_array < 0, NO_OFFSET, offsets_array // OFFSET_UNIT)
             if (offsets_array[offsets_array >= 0] % OFFSET_UNIT).any() or (blocks > NO_OFFSET).any():
                 raise ValueError("offsets must be multiples of 512 below 2 TiB")
-            _write_atomically(os.path.join(os.path.dirname(path) or ".", name), blocks.astype(OFFSET_DTYPE).tobytes())
-            spec["wds_datapipes"] = {"offsets": name, "dtype": OFFSET_DTYPE.str, "unit": OFFSET_UNIT}
+            _write_atomically(os.path.join(folder, stem + ".offsets"), blocks.astype(OFFSET_DTYPE).tobytes())
+            extra.update({"offsets": stem + ".offsets", "dtype": OFFSET_DTYPE.str, "unit": OFFSET_UNIT})
+        if self.places is not None:
+            extra["places"], files = self.places.files(stem)
+            for name, data in files.items():
+                _write_atomically(os.path.join(folder, name), data)
+        if extra:
+            spec["wds_datapipes"] = extra
         _write_atomically(path, (json.dumps(spec, indent=1) + "\n").encode())
 
     def _attach_offsets(self, location: str, extra: dict, index_location: str) -> None:
@@ -251,17 +273,23 @@ class ShardIndex:
         if any(s.offsets is not None for s in scans):  # gzipped shards among them get -1s
             offsets = np.concatenate([s.offsets if s.offsets is not None else np.full(s.nsamples, -1)
                                       for s in scans])
-        return cls(shards, base=base, offsets=offsets, allow_pipe=True)
+        places = None
+        if scans and all(s.places is not None for s in scans):
+            places = MemberPlaces.from_shards([s.places for s in scans])
+        return cls(shards, base=base, offsets=offsets, allow_pipe=True, places=places)
 
 
 def build_index(urls: Iterable[str], *, jobs: int = 8, done: dict[str, ShardScan] | None = None,
-                on_scan: Callable[[ShardScan], None] | None = None) -> list[ShardScan]:
-    """Scans shards ``jobs`` at a time; ``done`` holds scans from an earlier, interrupted run."""
+                on_scan: Callable[[ShardScan], None] | None = None, places: bool = False) -> list[ShardScan]:
+    """Scans shards ``jobs`` at a time; ``done`` holds scans from an earlier, interrupted run.
+
+    ``places``: take each shard's member places too (scans in ``done`` without them are
+    scanned again)."""
     urls = list(urls)
-    done = dict(done or {})
+    done = {u: s for u, s in (done or {}).items() if s.places is not None or not places}
     todo = [u for u in urls if u not in done]
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="wds-index") as pool:
-        for scan in pool.map(scan_shard, todo):
+        for scan in pool.map(lambda url: scan_shard(url, places=places), todo):
             done[scan.url] = scan
             if on_scan is not None:
                 on_scan(scan)

@@ -100,9 +100,24 @@ def iter_tar_index(stream: BinaryIO, url: str, chunk_size: int = CHUNK,
     header blocks included); None for compressed shards, where no byte can be seeked to.
     Member bytes are never copied.
     """
+    for name, offset, _, _ in iter_tar_places(stream, url, chunk_size, limits):
+        yield name, offset
+
+
+def iter_tar_places(stream: BinaryIO, url: str, chunk_size: int = CHUNK,
+                    limits: Limits | None = None) -> Iterator[tuple[str, int | None, int | None, int]]:
+    """Yields (member name, offset of its first header block, offset of its bytes, size) for each regular file.
+
+    The offsets are None for compressed shards (no byte can be seeked to), and the bytes'
+    offset None for a sparse member (its bytes are not one run of the tar). Member bytes
+    are never copied.
+    """
     walk = _TarWalk(stream, url, chunk_size, 0, limits or get_limits())
-    for name, offset in walk.members(_ALWAYS, with_offsets=True):
-        yield name, None if walk.compression else offset
+    for name, (entry, data, size) in walk.members(_ALWAYS, with_offsets=True):
+        if walk.compression:
+            yield name, None, None, size
+        else:
+            yield name, entry, data, size
 
 
 def _ALWAYS(name: str) -> bool:
@@ -524,7 +539,8 @@ class _TarWalk:
     def members(self, skip_data: Callable[[str], bool] | None = None,
                 with_offsets: bool = False) -> Iterator[tuple[str, bytes | int | None]]:
         """The members: (name, bytes); (name, None) for a member ``skip_data`` skips;
-        (name, offset of its first header block) ``with_offsets``."""
+        (name, (offset of its first header block, offset of its bytes or None where they are
+        not one run, size)) ``with_offsets``."""
         reader = self.blocks
         url = self.url
         limit = self.limits.max_member_bytes
@@ -581,7 +597,7 @@ class _TarWalk:
                             start, buf, view = 0, reader.buf, reader.view
                         yield name, bytes(view[start : start + size])
                     elif with_offsets:
-                        yield name, offset if entry_start is None else entry_start
+                        yield name, (offset if entry_start is None else entry_start, reader.base + start, size)
                     else:  # its bytes are skipped: the next header's fill seeks or reads past them
                         yield name, None
                     entry_start = None
@@ -810,7 +826,8 @@ class _TarWalk:
             sparse, data_start = self._old_sparse_map(pos, header, name)
         first = header.offset if entry_start is None else entry_start
         if skip_data is not None and skip_data(name):
-            return _next(data_start, size), None, None, (name, first if with_offsets else None)
+            place = (first, None if sparse is not None else self.blocks.base + data_start, size)
+            return _next(data_start, size), None, None, (name, place if with_offsets else None)
         real = sparse.real_size if sparse is not None else size
         if max(size, real) > self.limits.max_member_bytes:
             raise self._too_large(name, header.offset, max(size, real))

@@ -134,7 +134,8 @@ def decode_transform_into(data: bytes, formats: tuple[str, ...], transform, key:
     (3xSxS uint8); an image of more than ``max_pixels`` is refused from its header."""
     check_image_pixels(data, formats, max_pixels)
     if torchvision is not None and formats in (("JPEG",), ("PNG",)):
-        encoded = torch.frombuffer(bytearray(data) if isinstance(data, bytes) else data, dtype=torch.uint8)
+        writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
+        encoded = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)  # torch warns on read-only
         decode = torchvision.io.decode_jpeg if formats == ("JPEG",) else torchvision.io.decode_png
         image = decode(encoded, mode=ImageReadMode.RGB)
         row.copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
