@@ -8,9 +8,11 @@ Writes its data once (reused between runs; --data DIR):
 - raw payloads: 4,000 samples of random bytes of 1, 16 and 100 KB.
 
 Then times, each row the best of --repeats after a warm-up read (page cache):
-1. raw grouped samples (no decoding): ours, webdataset, LitData (the same samples in its
-   own chunk format, written once; where litdata is installed, as `make bench` does) and
-   reading the same tar files whole (the ceiling of any reader), per member size;
+1. raw grouped samples (no decoding): ours (load_tar().group_by_key(), and ExactEpochs
+   over an index with member places, which reads no tar header), webdataset, LitData (the
+   same samples in its own chunk format, written once; where litdata is installed, as
+   `make bench` does) and reading the same tar files whole (the ceiling of any reader),
+   per member size;
 2. vision, one process (CPU time): bytes -> 224x224 uint8 crops in batches of 64, for
    evaluation (resize the short side to 256, centre crop) and training (random-resized
    crop + flip): the bare loop (torchvision.io.decode_jpeg + the transform over bytes in
@@ -21,16 +23,21 @@ Then times, each row the best of --repeats after a warm-up read (page cache):
    MultiProcessingReadingService(2) (the same per-worker pipeline), webdataset's recipe
    under DataLoader(num_workers=2); and the time to each loader's first batch;
 4. uniform small images: decode_batches into the batch (no transform) against the bare
-   decoder, in one and two threads.
+   decoder, in one and two threads;
+5. shuffled raw samples (photos): shuffle_samples(1000), ExactEpochs' shuffle and
+   webdataset's shuffle(1000), each in a fresh process: with glibc's default allocator,
+   and after wd.keep_freed_memory().
 Prints samples/s, the ratios the issues' targets name, and the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -116,6 +123,41 @@ def read_whole(files: list[str], per_file: int):
             while stream.readinto(view):
                 pass
         yield from range(per_file)
+
+
+def places_index(files: list[str], path: str) -> str:
+    """An index of ``files`` with member places (written again when a shard is newer)."""
+    if not os.path.exists(path) or any(os.path.getmtime(f) > os.path.getmtime(path) for f in files):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        wd.ShardIndex.from_scans(wd.build_index(files, places=True), relative_to=path).save(path)
+    return path
+
+
+def exact_epochs(index: str, shuffle: bool, views: bool = False):
+    return wd.ExactEpochs(index, batch_size=1, shuffle=shuffle, rank=0, world_size=1, views=views)
+
+
+def shuffled_rates(args: argparse.Namespace) -> dict[str, float]:
+    """Section 5 in this (fresh) process: shuffled raw photos, with the allocator ``args.shuffled``."""
+    photos = make_photo_shards(os.path.join(args.data, "photos"), args.photos)
+    index = places_index(photos, os.path.join(args.data, "index", "photos.json"))
+    count_samples(wd.ShardLister(photos).load_tar())  # the page cache
+    if args.shuffled == "keep_freed_memory":
+        wd.keep_freed_memory()
+    table = Table(args.repeats)
+    with open(os.devnull, "w") as quiet:
+        stdout, sys.stdout = sys.stdout, quiet
+        try:
+            return {
+                "ours, load_tar().group_by_key().shuffle_samples(1000)": table.row(
+                    "shuffle_samples", lambda: wd.ShardLister(photos).load_tar().group_by_key().shuffle_samples(1000)),
+                "ours, ExactEpochs(index with member places, shuffle=True)": table.row(
+                    "exact", lambda: exact_epochs(index, shuffle=True)),
+                "webdataset, WebDataset(shardshuffle=False).shuffle(1000)": table.row(
+                    "webdataset", lambda: wds.WebDataset(photos, shardshuffle=False).shuffle(1000)),
+            }
+        finally:
+            sys.stdout = stdout
 
 
 def litdata_copy(files: list[str], folder: str) -> str:
@@ -210,8 +252,13 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-datapipes-bench"))
+    parser.add_argument("--shuffled", choices=["default", "keep_freed_memory"],
+                        help="only section 5's rows with this allocator (main runs it in a fresh process)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the loaders' own threads and processes are what is measured
+    if args.shuffled:
+        print(json.dumps(shuffled_rates(args)))
+        return
 
     print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
           f"python {platform.python_version()}, torch {torch.__version__}, torchvision {torchvision.__version__}"
@@ -234,6 +281,11 @@ def main() -> None:
         per_file = total // len(files)
         ours = row(f"ours, {label}: list_shards().load_tar().group_by_key()",
                    lambda f=files: wd.ShardLister(f).load_tar().group_by_key())
+        index = places_index(files, os.path.join(args.data, "index", f"{label.split(',')[0].replace(' ', '-')}.json"))
+        placed = row(f"ours, {label}: ExactEpochs(index with member places)",
+                     lambda i=index: exact_epochs(i, shuffle=False), expect=total)
+        views = row(f"ours, {label}: ExactEpochs(index with member places, views=True)",
+                    lambda i=index: exact_epochs(i, shuffle=False, views=True), expect=total)
         theirs = row(f"webdataset, {label}: WebDataset(shardshuffle=False)",
                      lambda f=files: wds.WebDataset(f, shardshuffle=False))
         lit = None
@@ -242,7 +294,7 @@ def main() -> None:
             lit = row(f"litdata, {label}: StreamingDataset (its own chunk format)",
                       lambda d=folder: litdata.StreamingDataset(d), expect=total)
         whole = row(f"reading the tar files whole, {label}", lambda f=files, n=per_file: read_whole(f, n))
-        raw[label] = (ours, theirs, lit, whole)
+        raw[label] = (ours, placed, views, theirs, lit, whole)
 
     jpgs = [s["jpg"] for s in wd.ShardLister(photos).load_tar().group_by_key()]
     print("\n2. vision, one process (CPU time): bytes -> 224x224 uint8 crops, batches of 64")
@@ -305,12 +357,29 @@ def main() -> None:
                    lambda: wd.ShardLister(small_files).load_tar().group_by_key()
                    .decode_batches("torchrgb8", batch_size=BATCH, num_threads=2).to_tuple("jpg", "cls"))
 
+    print("\n5. shuffled raw samples, photos (CPU time), each allocator in a fresh process")
+    shuffled = {}
+    for allocator in ("default", "keep_freed_memory"):
+        run = subprocess.run([sys.executable, __file__, "--data", args.data, "--photos", str(args.photos),
+                              "--repeats", str(args.repeats), "--shuffled", allocator],
+                             capture_output=True, text=True, check=True)
+        rates = json.loads(run.stdout.splitlines()[-1])
+        for name, rate in rates.items():
+            print(f"  {allocator}: {name:<58} {rate:>10,.0f}")
+        shuffled[allocator] = tuple(rates.values())
+
     print("\nratios [targets]")
-    for label, (ours, theirs, lit, whole) in raw.items():
-        versus_lit = "" if lit is None else (f", ours / litdata {ours / lit:4.2f}x [> 1], litdata / reading whole "
-                                             f"{lit / whole:4.0%}")
-        print(f"  raw, {label:<16} ours / webdataset {ours / theirs:5.1f}x, ours / reading whole {ours / whole:4.0%} "
-              f"[>= 80%]{versus_lit}")
+    print("  raw: ours = load_tar().group_by_key(); places = ExactEpochs by member places; views = the same, "
+          "views=True")
+    for label, (ours, placed, views, theirs, lit, whole) in raw.items():
+        x_target = " [>= 10x]" if label in ("1 KB payloads", "16 KB payloads") else ""
+        whole_target = {"photos, ~50 KB": " [>= 80%]", "100 KB payloads": " [>= 75%]"}.get(label, "")
+        print(f"  raw, {label:<16} / webdataset: ours {ours / theirs:4.1f}x{x_target}, places {placed / theirs:4.1f}x, "
+              f"views {views / theirs:4.1f}x; / reading whole: ours {ours / whole:4.0%}, places {placed / whole:4.0%}, "
+              f"views {views / whole:4.0%}{whole_target}")
+        if lit is not None:
+            print(f"  raw, {label:<16} / litdata: ours {ours / lit:4.2f}x, places {placed / lit:4.2f}x, "
+                  f"views {views / lit:4.2f}x [> 1]; litdata / reading whole {lit / whole:4.0%}")
     for name, (ours, bare, theirs) in one.items():
         print(f"  vision {name}, one process: ours / bare loop {ours / bare:4.0%} [>= 95%], "
               f"ours / webdataset {ours / theirs:4.1f}x")
@@ -325,6 +394,10 @@ def main() -> None:
         dl, dl2 = first.values()
         print(f"  first batch, DataLoader2 / DataLoader {dl2 / dl:4.2f} [<= 1.00]")
     print(f"  vision eval, two cores: ours one process / webdataset recipe {two['eval'][0] / wds_dl:4.1f}x")
+    (default, default_exact, default_wds), (kept, kept_exact, kept_wds) = shuffled.values()
+    print(f"  shuffled raw photos, keep_freed_memory / default allocator: shuffle_samples {kept / default:4.1f}x, "
+          f"ExactEpochs {kept_exact / default_exact:4.1f}x, webdataset {kept_wds / default_wds:4.1f}x; "
+          f"ours / webdataset {default / default_wds:4.1f}x (default), {kept / kept_wds:4.1f}x (kept)")
     print(f"  small images: decode_batches / bare decoder {ours_one / bare_one:4.0%} (one process), "
           f"{ours_two / bare_two:4.0%} (2 threads)")
 

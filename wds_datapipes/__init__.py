@@ -8,6 +8,7 @@ Importing this package registers the functional names: ``list_shards``, ``load_t
 it when first used.
 """
 
+from .allocator import keep_freed_memory
 from .batch_decoding import BatchDecoder
 from .batching import Batcher, collate
 from .decoding import Decoder
@@ -79,6 +80,7 @@ __all__ = [
     "collate",
     "get_limits",
     "ignore_and_continue",
+    "keep_freed_memory",
     "open_shard",
     "register_opener",
     "reraise_exception",
