@@ -127,7 +127,7 @@ def test_a_shard_touched_since_indexing_is_read_through_its_headers_with_a_warni
     with caplog.at_level(logging.WARNING, logger="wds_datapipes"):
         got = _by_key(ExactEpochs(path, batch_size=1, shuffle=False))
     assert got == _walked(mixed_shards)
-    assert any("m-001.tar" in r.getMessage() and "changed since its member places" in r.getMessage()
+    assert any("m-001.tar" in r.getMessage() and "modified since its member places" in r.getMessage()
                for r in caplog.records)
 
 
@@ -205,22 +205,28 @@ def test_the_command_line_writes_places_and_verify_checks_them(mixed_shards, tmp
     assert "m-000.tar" in bad.stdout and "member places differ" in bad.stdout
 
 
-def test_a_suffix_twice_in_a_sample_gets_no_places_and_fails_as_group_by_key_does(tmp_path):
+@pytest.mark.parametrize("names,suffix", [(("a.txt", "a.cls", "a.txt", "b.txt"), "txt"),
+                                          (("a.txt", "a.__url__", "b.txt"), "__url__")])
+def test_a_suffix_twice_in_a_sample_gets_no_places_and_fails_as_group_by_key_does(tmp_path, names, suffix):
     path = tmp_path / "twice.tar"
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for name in ("a.txt", "a.cls", "a.txt", "b.txt"):
+        for name in names:
             info = tarfile.TarInfo(name)
             info.size = 1
             tar.addfile(info, io.BytesIO(b"x"))
     index_path = write_index([str(path)], tmp_path / "index.json", places=True)
     assert not ShardIndex.load(index_path).places.has(0)
-    with pytest.raises(wd.SampleError, match="suffix 'txt' repeats"):
+    with pytest.raises(wd.SampleError, match=f"suffix '{suffix}' repeats"):
         list(ExactEpochs(index_path, batch_size=1, shuffle=False))
 
 
 def test_places_that_do_not_hold_the_samples_the_index_counts_are_a_mismatch(mixed_shards, tmp_path):
     path = write_index(mixed_shards, tmp_path / "index.json", places=True)
     _rewrite_rows(path, lambda rows: rows["sample"].__setitem__(slice(78, 80), 38))  # shard 0's last sample gone
+    with pytest.raises(IndexMismatchError, match="places of shard 0 hold 39 samples, the index says 40"):
+        ShardIndex.load(path)
+    _rewrite_rows(path, lambda rows: rows["sample"].__setitem__(slice(78, 80), 39))
+    _rewrite_rows(path, lambda rows: rows["sample"].__setitem__(slice(10, 12), 6))  # sample 5 gone
     with pytest.raises(IndexMismatchError, match="m-000.tar.*do not hold samples 0 .. 39"):
         list(ExactEpochs(path, batch_size=1, shuffle=False))
 
@@ -265,3 +271,59 @@ def test_views_of_jpegs_decode_into_batches_and_crops_without_a_warning(tmp_path
             assert torch.equal(labels, want_labels)
             pairs = zip(images, want_images) if isinstance(images, list) else [(images, want_images)]
             assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_a_missing_shard_is_an_open_error_naming_it(mixed_shards, tmp_path):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    os.remove(mixed_shards[1])
+    with pytest.raises(wd.ShardOpenError, match="m-001.tar.*FileNotFoundError"):
+        list(ExactEpochs(path, batch_size=1, shuffle=False))
+
+
+def test_a_pipe_unpickled_after_its_places_files_were_rewritten_refuses_them(mixed_shards, tmp_path):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    data = pickle.dumps(ExactEpochs(path, batch_size=1, shuffle=False))
+    write_index(mixed_shards[1:], tmp_path / "index.json", places=True)  # another index over the same files
+    with pytest.raises(IndexMismatchError, match="changed after its index was loaded"):
+        pickle.loads(data)
+
+
+def test_a_run_of_small_members_is_read_once_and_no_further(mixed_shards, tmp_path):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    samples = list(ExactEpochs(path, batch_size=1, shuffle=False, views=True))
+    reads = {id(v.obj): len(v.obj) for s in samples for k, v in s.items() if not k.startswith("__")}
+    # Large members are read on their own; a read for small ones stops before the next large one.
+    assert sum(reads.values()) <= sum(os.path.getsize(s) for s in mixed_shards)
+    assert len(reads) < 2 * sum(SIZES)
+
+
+def test_a_modified_shard_is_reported_once_and_by_verify(mixed_shards, tmp_path, caplog):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    stat = os.stat(mixed_shards[0])
+    os.utime(mixed_shards[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with caplog.at_level(logging.WARNING, logger="wds_datapipes"):
+        for _ in range(2):  # two epochs of 3 ranks' spans
+            for rank in range(3):
+                list(ExactEpochs(path, batch_size=2, rank=rank, world_size=3, lanes=2, block=4))
+    assert sum("m-000.tar" in r.getMessage() for r in caplog.records) == 1
+    verify = subprocess.run([sys.executable, "-m", "wds_datapipes", "verify", path], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert verify.returncode == 1 and "m-000.tar' was modified since its member places" in verify.stdout
+
+
+def test_an_interrupted_places_run_resumes_with_the_places_it_took(mixed_shards, tmp_path):
+    from wds_datapipes.cli import _scan_to_json
+    from wds_datapipes.shard_index import scan_shard
+
+    out = tmp_path / "resumed.json"
+    with open(f"{out}.partial", "w") as partial:  # what an interrupted run leaves
+        partial.write(json.dumps(_scan_to_json(scan_shard(mixed_shards[0], places=True))) + "\n")
+        partial.write('{"url": "cut')
+    run = subprocess.run([sys.executable, "-m", "wds_datapipes", "index", "--places", "-o", str(out),
+                          *mixed_shards], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "1 of 3 shards already indexed" in run.stderr
+    fresh = ShardIndex.load(write_index(mixed_shards, tmp_path / "fresh.json", places=True))
+    resumed = ShardIndex.load(str(out))
+    assert np.array_equal(resumed.places.rows, fresh.places.rows)
+    assert bytes(resumed.places.names) == bytes(fresh.places.names)

@@ -172,7 +172,7 @@ class BatchDecoder(Pipe[dict]):
             return None
         shapes = {
             jpeg_into_buffer_shape(s[field], mode, self.decoder.limits.max_image_pixels)
-            if isinstance(s[field], bytes) else None for s in samples
+            if isinstance(s[field], (bytes, memoryview)) else None for s in samples
         }
         return shapes.pop() if len(shapes) == 1 and None not in shapes else None
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import WdsError
 from .grouping import group_members
+from .member_places import ShardPlaces
 from .openers import open_shard, url_scheme
 from .shard_index import ShardIndex, ShardScan, build_index, check_scan_against, scan_shard
 from .shard_listing import expand_url_spec, resolve_local
@@ -121,6 +122,8 @@ def _index(args: argparse.Namespace) -> int:
         raise WdsError("a shard is listed twice: " + next(u for u in urls if urls.count(u) > 1))
     partial = args.output + ".partial"
     done = {} if args.restart else _read_partial(partial)
+    if args.places:  # shards an earlier run indexed without places are scanned again
+        done = {url: scan for url, scan in done.items() if scan.places is not None}
     if done:
         print(f"continuing an interrupted run: {len(done)} of {len(urls)} shards already indexed", file=sys.stderr)
     with _Progress(len(urls), len(done), quiet=args.quiet) as progress, open(partial, "a") as log:
@@ -151,7 +154,9 @@ def _scan_to_json(scan: ShardScan) -> dict:
     offsets = None
     if scan.offsets is not None:
         offsets = base64.b64encode((scan.offsets // 512).astype("<u4").tobytes()).decode()
-    return {"url": str.__str__(scan.url), "nsamples": scan.nsamples, "filesize": scan.filesize, "offsets": offsets}
+    places = None if scan.places is None else scan.places.to_json()
+    return {"url": str.__str__(scan.url), "nsamples": scan.nsamples, "filesize": scan.filesize, "offsets": offsets,
+            "places": places}
 
 
 def _read_partial(path: str) -> dict[str, ShardScan]:
@@ -167,7 +172,8 @@ def _read_partial(path: str) -> dict[str, ShardScan]:
             offsets = None
             if entry["offsets"] is not None:
                 offsets = np.frombuffer(base64.b64decode(entry["offsets"]), dtype="<u4").astype(np.int64) * 512
-            done[entry["url"]] = ShardScan(entry["url"], entry["nsamples"], entry["filesize"], offsets)
+            places = None if entry.get("places") is None else ShardPlaces.from_json(entry["places"])
+            done[entry["url"]] = ShardScan(entry["url"], entry["nsamples"], entry["filesize"], offsets, places=places)
     return done
 
 
@@ -312,6 +318,9 @@ def _verify(args: argparse.Namespace) -> int:
                     problems.append(f"shard {url!r}: its sample offsets differ from the index's; index it again")
             if scan.places is not None and not index.places.matches(i, scan.places):
                 problems.append(f"shard {url!r}: its member places differ from the index's; index it again")
+            elif scan.places is not None and (scan.places.filesize, scan.places.mtime_ns) != index.places.shards[i][1:]:
+                problems.append(f"shard {url!r} was modified since its member places were taken (its modification "
+                                "time differs): it is read through its headers until it is indexed again")
             for key in scan.keys or ():
                 if key in owners:
                     problems.append(f"key {key!r} is in shard {owners[key]!r} and in shard {url!r}")

@@ -237,7 +237,7 @@ def _exact_jpeg_header(data: bytes, max_pixels: int) -> tuple[int, int, str] | N
     """(height, width, colorspace) of a JPEG that simplejpeg decodes to Pillow's exact
     pixels (YCbCr or greyscale, within Pillow's size guard and ``max_pixels``), else None
     (Pillow then decodes it, or refuses it)."""
-    header = _simplejpeg_header(data) if data.startswith(b"\xff\xd8") else None
+    header = _simplejpeg_header(data) if data[:2] == b"\xff\xd8" else None  # bytes or a memoryview
     if header is None:
         return None
     height, width, colorspace = header

@@ -64,10 +64,11 @@ class ExactEpochs(Pipe[dict]):
         limits: the largest member, HTTP timeouts, ...: by default the process's
             :func:`~wds_datapipes.limits.get_limits` when the pipe is built.
         views: fields as read-only ``memoryview``s instead of ``bytes``. Where the index
-            has member places, they are slices of the megabyte read around them: one copy
-            per member (page cache to that read) instead of two, and a sample keeps its
-            megabyte alive. ``decode`` and ``decode_batches`` take them as they are; other
-            code may need ``bytes(field)``.
+            has member places, they are slices of the read (up to a megabyte) around them:
+            one copy per member (page cache to that read) instead of two, and a sample
+            keeps its read alive. ``decode_batches`` decodes images from them; ``decode``
+            copies each field into ``bytes`` first; other code may need ``bytes(field)``.
+            A memoryview cannot be pickled: decode in the DataLoader worker, not after.
 
     Epochs are counted as the loaders start them; ``set_epoch(e)`` sets the next one, as
     ``DistributedSampler.set_epoch`` does. ``state_dict()`` / ``load_state_dict()`` (also on

@@ -27,6 +27,7 @@ The two binary files are memory-mapped: a reader touches only the pages of its s
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import IndexMismatchError, ShardFormatError, WdsError
+from .errors import IndexMismatchError, ShardFormatError, ShardOpenError, WdsError, shard_error
 from .grouping import split_key
 from .limits import Limits
 from .openers import ShardUrl, local_path, url_scheme
@@ -45,6 +46,8 @@ logger = logging.getLogger("wds_datapipes")
 ROW = np.dtype([("data", "<u8"), ("size", "<u8"), ("sample", "<u4"), ("name", "<u8")])
 FORMAT = 1
 BUFFER_BYTES = 1 << 20  # members up to this size are copied out of a buffer refilled this much at a time
+_SAMPLE_KEYS = ("__key__", "__url__")  # what group_members puts in a sample before its fields
+_warned: set[str] = set()  # shards whose stale places were reported in this process
 
 
 @dataclass
@@ -57,6 +60,22 @@ class ShardPlaces:
     samples: np.ndarray | None = None  # each member's sample number within the shard
     filesize: int | None = None
     mtime_ns: int | None = None
+
+    def to_json(self) -> dict:
+        """A JSON-able form (an interrupted index run keeps its scans in it)."""
+        if self.names is None:
+            return {"names": None}
+        return {"names": self.names, "filesize": self.filesize, "mtime_ns": self.mtime_ns,
+                **{key: base64.b64encode(np.asarray(getattr(self, key), dtype="<i8").tobytes()).decode()
+                   for key in ("data", "sizes", "samples")}}
+
+    @classmethod
+    def from_json(cls, entry: dict) -> ShardPlaces:
+        if entry.get("names") is None:
+            return cls(None)
+        arrays = {key: np.frombuffer(base64.b64decode(entry[key]), dtype="<i8").astype(np.int64)
+                  for key in ("data", "sizes", "samples")}
+        return cls(list(entry["names"]), filesize=int(entry["filesize"]), mtime_ns=int(entry["mtime_ns"]), **arrays)
 
 
 def file_stamp(stream) -> tuple[int, int] | None:
@@ -89,8 +108,8 @@ def places_of_members(url: str, members: Sequence[tuple[str, int | None, int]],
             return ShardPlaces(None)
         if split[0] != previous:
             previous, number, suffixes = split[0], number + 1, set()
-        if split[1] in suffixes:  # group_by_key's SampleError: the headers' reader raises it
-            return ShardPlaces(None)
+        elif split[1] in suffixes or split[1] in _SAMPLE_KEYS:  # group_by_key's SampleError:
+            return ShardPlaces(None)                              # the headers' reader raises it
         suffixes.add(split[1])
         names.append(name)
         data.append(offset)
@@ -116,7 +135,9 @@ class MemberPlaces:
         counts = [0 if s is None else s[0] for s in self.shards]
         self.firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         if self.firsts[-1] != len(rows):
-            raise IndexMismatchError(f"member places: {len(rows)} records for {self.firsts[-1]} members")
+            raise IndexMismatchError(f"member places: {len(rows)} records for the {self.firsts[-1]} members "
+                                     "their shards list")
+        self._files: dict[str, tuple[str, tuple[int, int]]] = {}  # memory-mapped files and their stamps
 
     @classmethod
     def from_shards(cls, shards: Sequence[ShardPlaces]) -> MemberPlaces:
@@ -148,8 +169,9 @@ class MemberPlaces:
         }
 
     @classmethod
-    def load(cls, folder: str, entry: dict, nshards: int, index_location: str) -> MemberPlaces:
-        """The places an index's JSON entry names (files in ``folder``, memory-mapped)."""
+    def load(cls, folder: str, entry: dict, nsamples: Sequence[int], index_location: str) -> MemberPlaces:
+        """The places an index's JSON entry names (files in ``folder``, memory-mapped), checked
+        against the index's sample counts ``nsamples``."""
         try:
             with open(os.path.join(folder, entry["shards"]), "rb") as meta:
                 spec = json.load(meta)
@@ -162,10 +184,22 @@ class MemberPlaces:
         except (OSError, KeyError, TypeError, ValueError) as exn:
             raise WdsError(f"index {index_location!r}: its member places cannot be read ({exn!r}); "
                            "index again, or remove 'places' from the index's wds_datapipes entry") from None
-        if len(shards) != nshards:
+        if len(shards) != len(nsamples):
             raise IndexMismatchError(f"index {index_location!r}: member places for {len(shards)} shards, "
-                                     f"the index has {nshards}")
-        return cls(rows, names, shards)
+                                     f"the index has {len(nsamples)}")
+        try:
+            places = cls(rows, names, shards)
+        except IndexMismatchError as exn:
+            raise IndexMismatchError(f"index {index_location!r}: {exn}") from None
+        for shard, (first, last) in enumerate(zip(places.firsts[:-1].tolist(), places.firsts[1:].tolist())):
+            counted = int(rows["sample"][last - 1]) + 1 if last > first else 0
+            if shards[shard] is not None and counted != nsamples[shard]:
+                raise IndexMismatchError(f"index {index_location!r}: the member places of shard {shard} hold "
+                                         f"{counted} samples, the index says {nsamples[shard]}; index again")
+        for key in ("rows", "names"):
+            path = os.path.join(folder, entry[key])
+            places._files[key] = (path, _stamp(os.stat(path)))
+        return places
 
     # ------------------------------------------------------------ questions
 
@@ -188,7 +222,8 @@ class MemberPlaces:
         text = bytes(self.names[int(rows["name"][0]) : end]).decode("utf-8", "surrogateescape")
         names = text.split("\0")[:-1]
         if len(names) != len(rows):
-            raise IndexMismatchError(f"member places: {len(names)} names for {len(rows)} members; index again")
+            raise IndexMismatchError(f"member places: {len(names)} names for {len(rows)} members (rows {a} .. "
+                                     f"{b - 1}); index again")
         return rows, names
 
     def matches(self, shard: int, scanned: ShardPlaces) -> bool:
@@ -201,17 +236,19 @@ class MemberPlaces:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for key in ("rows", "names"):
-            value = state[key]
-            if isinstance(value, np.memmap):
-                state[key] = ("memmap", value.filename, value.dtype)  # mapped again, not copied
+        for key, (path, stamp) in self._files.items():
+            state[key] = ("memmap", path, state[key].dtype, stamp)  # mapped again where unpickled, not copied
         return state
 
     def __setstate__(self, state: dict) -> None:
         for key in ("rows", "names"):
             value = state[key]
             if isinstance(value, tuple) and value and value[0] == "memmap":
-                state[key] = _map(value[1], value[2])
+                _, path, dtype, stamp = value
+                if _stamp(os.stat(path)) != stamp:  # another index written over it since it was loaded
+                    raise IndexMismatchError(f"member places file {path!r} changed after its index was loaded; "
+                                             "load the index again")
+                state[key] = _map(path, dtype)
         self.__dict__.update(state)
 
 
@@ -219,24 +256,29 @@ class MemberPlaces:
 
 
 def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: int, filesize: int | None,
-                limits: Limits, first_fields: dict | None = None, views: bool = False) -> Iterator[dict] | None:
+                limits: Limits, last_fields: dict | None = None, views: bool = False) -> Iterator[dict] | None:
     """The samples ``start`` .. ``stop - 1`` of shard ``shard`` (dicts as ``group_by_key``
-    makes them, each beginning with ``first_fields``), read by their places; None where the
-    shard has none or changed since they were taken (then read its headers).
+    makes them, ``last_fields`` set on each), read by their places; None where the shard has
+    none or changed since they were taken (then read its headers).
 
-    ``views``: fields are memoryviews of the ``bytes`` of each megabyte read (one copy per
-    member), not copies of their own."""
+    ``views``: fields are memoryviews of the ``bytes`` of each read (one copy per member),
+    not copies of their own."""
     entry = places.shards[shard]
     if entry is None or url_scheme(url) != "file":
         return None
     path = local_path(url)
-    stamp = _stamp(os.stat(path))
+    try:
+        stamp = _stamp(os.stat(path))
+    except OSError as exn:
+        raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
     if filesize is not None and stamp[0] != filesize:
         raise IndexMismatchError(f"shard {url!r} has {stamp[0]} bytes, the index says {filesize}: "
                                  "it changed since it was indexed; index it again")
     if stamp != entry[1:]:
-        logger.warning("shard %r changed since its member places were taken (its modification time); "
-                       "reading its headers instead. Index it again to read it by places.", url)
+        if url not in _warned:  # once per shard and process, not once per span
+            _warned.add(url)
+            logger.warning("shard %r was modified since its member places were taken (its modification time "
+                           "differs); reading its headers instead. Index it again to read it by places.", url)
         return None
     rows, names = places.span(shard, start, stop)
     numbers = rows["sample"]
@@ -244,14 +286,33 @@ def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: in
                              and (np.diff(numbers.astype(np.int64)) <= 1).all()) or (not len(numbers) and stop > start):
         raise IndexMismatchError(f"shard {url!r}: its member places do not hold samples {start} .. {stop - 1} "
                                  "that the index counts; index it again")
-    return _placed_samples(path, ShardUrl.opened(url), rows, names, entry, limits, first_fields or {}, views)
+    return _placed_samples(path, ShardUrl.opened(url), rows, names, entry, limits, last_fields or {}, views)
+
+
+def _read_ends(rows: np.ndarray, chunk: int) -> list[int]:
+    """Per member, where a read that starts at it should end: at most ``chunk`` bytes on, and
+    not past the next member read on its own (larger than ``chunk``) or the last member's end."""
+    data = rows["data"].astype(np.int64)
+    sizes = rows["size"].astype(np.int64)
+    if not len(data):
+        return []
+    big = np.flatnonzero(sizes > chunk)
+    after = np.searchsorted(big, np.arange(len(data)), side="right")  # the first large member after each
+    stops = np.where(after < len(big), data[big[np.minimum(after, len(big) - 1)]] if len(big) else 0,
+                     data[-1] + sizes[-1])
+    return np.minimum(stops, data + chunk).tolist()
 
 
 def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str], entry: tuple[int, int, int],
-                    limits: Limits, first_fields: dict, views: bool) -> Iterator[dict]:
-    """The samples of ``rows``: members read from a buffer refilled a megabyte at a time, grouped
-    by the sample numbers the scan gave them (one loop: a generator less per member)."""
-    fd = os.open(path, os.O_RDONLY)
+                    limits: Limits, last_fields: dict, views: bool) -> Iterator[dict]:
+    """The samples of ``rows``: members copied out of reads of up to a megabyte (one read for
+    a run of small members), grouped by the sample numbers the scan gave them (one loop: a
+    generator less per member)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exn:
+        raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
+    name, offset = None, 0
     try:
         if _stamp(os.fstat(fd)) != entry[1:]:
             raise IndexMismatchError(f"shard {url!r} changed while it was opened; read it again")
@@ -264,8 +325,9 @@ def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str]
         current = -1
         # The scan kept only names with a key, and no suffix twice in a sample.
         splits = [split_key(name) for name in names]
-        for name, (key, suffix), offset, size, number in zip(names, splits, rows["data"].tolist(),
-                                                             rows["size"].tolist(), rows["sample"].tolist()):
+        for name, (key, suffix), offset, size, number, read_end in zip(
+                names, splits, rows["data"].tolist(), rows["size"].tolist(), rows["sample"].tolist(),
+                _read_ends(rows, chunk)):
             if size > limit or offset + size > filesize:
                 raise ShardFormatError(url, name, offset, f"its place says {size} bytes at byte {offset}: "
                                        + ("more than the limit of Limits.max_member_bytes" if size > limit
@@ -281,21 +343,25 @@ def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str]
                 if at < 0 or at + size > end:
                     base, at = offset, 0
                     if views:  # new bytes each time: the views handed out keep theirs
-                        view = memoryview(os.pread(fd, chunk, offset))
+                        view = memoryview(os.pread(fd, read_end - offset, offset))
                         end = len(view)
                     else:
-                        end = _read_at(fd, view, offset)
+                        end = _read_at(fd, view[: read_end - offset], offset)
                     if end < size:
                         raise ShardFormatError(url, name, offset, f"truncated: {end} of {size} bytes")
                 data = view[at : at + size] if views else bytes(view[at : at + size])
             if number != current:
                 if sample is not None:
+                    sample.update(last_fields)
                     yield sample
                 current = number
-                sample = {"__key__": key, "__url__": url, **first_fields}
+                sample = {"__key__": key, "__url__": url}
             sample[suffix] = data
         if sample is not None:
+            sample.update(last_fields)
             yield sample
+    except OSError as exn:
+        raise shard_error(exn, url, name, offset) from exn
     finally:
         os.close(fd)
 

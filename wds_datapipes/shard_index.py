@@ -157,7 +157,8 @@ class ShardIndex:
         if extra.get("offsets"):
             index._attach_offsets(_join(_base_of(location), extra["offsets"]), extra, location)
         if extra.get("places") and url_scheme(location) == "file":  # memory-mapped: local indexes only
-            index.places = MemberPlaces.load(_base_of(location), extra["places"], len(shards), location)
+            index.places = MemberPlaces.load(_base_of(location), extra["places"], [s.nsamples for s in shards],
+                                             location)
         return index
 
     def save(self, path: str, *, offsets: bool = True) -> None:
