@@ -140,7 +140,8 @@ def test_a_shard_of_another_size_is_an_index_mismatch(mixed_shards, tmp_path):
 
 
 def _rewrite_rows(path: str, change) -> None:
-    rows_path = os.path.join(os.path.dirname(path), "index.places")
+    """Changes the records of the places file beside the index at ``path``."""
+    rows_path = os.path.splitext(str(path))[0] + ".places"
     rows = np.fromfile(rows_path, dtype=member_places.ROW)
     change(rows)
     rows.tofile(rows_path)
@@ -196,10 +197,7 @@ def test_the_command_line_writes_places_and_verify_checks_them(mixed_shards, tmp
     assert ShardIndex.load(str(out)).places is not None
     verify = [sys.executable, "-m", "wds_datapipes", "verify", str(out)]
     assert subprocess.run(verify, capture_output=True, text=True, timeout=120, check=False).returncode == 0
-    rows_path = tmp_path / "cli.places"
-    rows = np.fromfile(rows_path, dtype=member_places.ROW)
-    rows["data"][5] += 512
-    rows.tofile(rows_path)
+    _rewrite_rows(out, lambda rows: rows["data"].__setitem__(5, rows["data"][5] + 512))
     bad = subprocess.run(verify, capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode == 1
     assert "m-000.tar" in bad.stdout and "member places differ" in bad.stdout

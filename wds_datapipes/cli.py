@@ -318,7 +318,7 @@ def _verify(args: argparse.Namespace) -> int:
                     problems.append(f"shard {url!r}: its sample offsets differ from the index's; index it again")
             if scan.places is not None and not index.places.matches(i, scan.places):
                 problems.append(f"shard {url!r}: its member places differ from the index's; index it again")
-            elif scan.places is not None and (scan.places.filesize, scan.places.mtime_ns) != index.places.shards[i][1:]:
+            elif scan.places is not None and (scan.places.filesize, scan.places.mtime_ns) != index.places.stamp(i):
                 problems.append(f"shard {url!r} was modified since its member places were taken (its modification "
                                 "time differs): it is read through its headers until it is indexed again")
             for key in scan.keys or ():

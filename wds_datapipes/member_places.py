@@ -206,6 +206,11 @@ class MemberPlaces:
     def has(self, shard: int) -> bool:
         return self.shards[shard] is not None
 
+    def stamp(self, shard: int) -> tuple[int, int] | None:
+        """(size, mtime_ns) shard ``shard`` had when its places were taken; None without places."""
+        entry = self.shards[shard]
+        return None if entry is None else entry[1:]
+
     def span(self, shard: int, start: int, stop: int) -> tuple[np.ndarray, list[str]]:
         """The records and names of samples ``start`` .. ``stop - 1`` of shard ``shard``."""
         first, last = int(self.firsts[shard]), int(self.firsts[shard + 1])
@@ -274,19 +279,25 @@ def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: in
     if filesize is not None and stamp[0] != filesize:
         raise IndexMismatchError(f"shard {url!r} has {stamp[0]} bytes, the index says {filesize}: "
                                  "it changed since it was indexed; index it again")
-    if stamp != entry[1:]:
+    if stamp != places.stamp(shard):
         if url not in _warned:  # once per shard and process, not once per span
             _warned.add(url)
             logger.warning("shard %r was modified since its member places were taken (its modification time "
                            "differs); reading its headers instead. Index it again to read it by places.", url)
         return None
     rows, names = places.span(shard, start, stop)
-    numbers = rows["sample"]
-    if len(numbers) and not (numbers[0] == start and numbers[-1] == stop - 1
-                             and (np.diff(numbers.astype(np.int64)) <= 1).all()) or (not len(numbers) and stop > start):
+    if not _numbered(rows["sample"], start, stop):
         raise IndexMismatchError(f"shard {url!r}: its member places do not hold samples {start} .. {stop - 1} "
                                  "that the index counts; index it again")
-    return _placed_samples(path, ShardUrl.opened(url), rows, names, entry, limits, last_fields or {}, views)
+    return _placed_samples(path, ShardUrl.opened(url), rows, names, stamp, limits, last_fields or {}, views)
+
+
+def _numbered(numbers: np.ndarray, start: int, stop: int) -> bool:
+    """Whether the members' sample numbers run through ``start`` .. ``stop - 1``, each a run."""
+    if not len(numbers):
+        return stop <= start
+    steps = np.diff(numbers.astype(np.int64))
+    return numbers[0] == start and numbers[-1] == stop - 1 and bool(((steps == 0) | (steps == 1)).all())
 
 
 def _read_ends(rows: np.ndarray, chunk: int) -> list[int]:
@@ -297,13 +308,12 @@ def _read_ends(rows: np.ndarray, chunk: int) -> list[int]:
     if not len(data):
         return []
     big = np.flatnonzero(sizes > chunk)
+    stops = np.append(data[big], data[-1] + sizes[-1])  # each large member's start, then the last end
     after = np.searchsorted(big, np.arange(len(data)), side="right")  # the first large member after each
-    stops = np.where(after < len(big), data[big[np.minimum(after, len(big) - 1)]] if len(big) else 0,
-                     data[-1] + sizes[-1])
-    return np.minimum(stops, data + chunk).tolist()
+    return np.minimum(stops[after], data + chunk).tolist()
 
 
-def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str], entry: tuple[int, int, int],
+def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str], stamp: tuple[int, int],
                     limits: Limits, last_fields: dict, views: bool) -> Iterator[dict]:
     """The samples of ``rows``: members copied out of reads of up to a megabyte (one read for
     a run of small members), grouped by the sample numbers the scan gave them (one loop: a
@@ -314,9 +324,9 @@ def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str]
         raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
     name, offset = None, 0
     try:
-        if _stamp(os.fstat(fd)) != entry[1:]:
+        if _stamp(os.fstat(fd)) != stamp:
             raise IndexMismatchError(f"shard {url!r} changed while it was opened; read it again")
-        filesize = entry[1]
+        filesize = stamp[0]
         chunk = BUFFER_BYTES
         view = memoryview(b"" if views else bytearray(chunk))
         base = end = 0  # the file's bytes [base, base + end) are in view
