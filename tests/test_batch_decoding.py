@@ -128,3 +128,16 @@ def test_decode_batches_pipe_pickles_and_rejects_bad_arguments() -> None:
         IterableWrapper([]).decode_batches("torchrgb8", batch_size=0)
     with pytest.raises(ValueError):
         IterableWrapper([]).decode_batches("torchrgb8", batch_size=2, num_threads=-1)
+
+
+@pytest.mark.parametrize(("threads", "pulled_for_first_batch"), [(0, 8), (2, 16)])
+def test_decode_batches_decodes_ahead_only_with_threads(threads: int, pulled_for_first_batch: int) -> None:
+    # Inline decoding gains nothing from starting the next batch early: it would only hand
+    # out every batch a batch later (a loader worker's first batch took twice as long).
+    pulled = []
+    source = IterableWrapper(_samples(24)).map(lambda s: pulled.append(s["__key__"]) or s)
+    batches = iter(source.decode_batches("torchrgb8", batch_size=8, num_threads=threads))
+    first = next(batches)
+    assert list(first["__key__"]) == [f"k{i}" for i in range(8)]
+    assert len(pulled) == pulled_for_first_batch
+    assert [list(b["__key__"]) for b in batches] == [[f"k{i}" for i in range(j, j + 8)] for j in (8, 16)]
