@@ -442,6 +442,9 @@ def main() -> None:
     print(f"  shuffled raw photos, keep_freed_memory / default allocator: shuffle_samples {kept / default:4.1f}x, "
           f"ExactEpochs {kept_exact / default_exact:4.1f}x, webdataset {kept_wds / default_wds:4.1f}x; "
           f"ours / webdataset {default / default_wds:4.1f}x (default), {kept / kept_wds:4.1f}x (kept)")
+    in_order = raw["photos, ~50 KB"][1]
+    print(f"  shuffled raw photos, ExactEpochs by places: in order (section 1) / shuffled {in_order / default_exact:4.2f}x "
+          f"(default allocator), {in_order / kept_exact:4.2f}x (kept)")
     print(f"  small images: decode_batches / bare decoder {ours_one / bare_one:4.0%} (one process), "
           f"{ours_two / bare_two:4.0%} (2 threads)")
 

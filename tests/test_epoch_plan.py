@@ -212,3 +212,18 @@ def test_next_worker_is_the_one_the_round_robin_takes_next(rank_samples, workers
     taken = data.draw(st.integers(0, max(len(order) - 1, 0)))
     if order:
         assert next_worker(taken, sizes, batch) == order[taken]
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 30), st.integers(0, 12), st.booleans()), max_size=12),
+       st.data())
+def test_locate_finds_each_position_where_iterating_the_spans_finds_it(parts, data):
+    spans = SpanList([p[0] for p in parts], [p[1] for p in parts], [p[1] + p[2] for p in parts], [p[3] for p in parts])
+    expected = _samples(spans)
+    positions = data.draw(st.lists(st.integers(0, max(len(expected) - 1, 0)), max_size=20)) if expected else []
+    shards, numbers, pads = spans.locate(positions)
+    assert list(zip(shards.tolist(), numbers.tolist(), pads.tolist())) == [expected[p] for p in positions]
+    ranges = spans.shard_ranges()
+    assert set(ranges) == {shard for shard, _, _ in expected}
+    for shard, (lo, hi) in ranges.items():
+        numbers_in_shard = [n for s, n, _ in expected if s == shard]
+        assert (lo, hi) == (min(numbers_in_shard), max(numbers_in_shard) + 1)

@@ -325,3 +325,110 @@ def test_an_interrupted_places_run_resumes_with_the_places_it_took(mixed_shards,
     resumed = ShardIndex.load(str(out))
     assert np.array_equal(resumed.places.rows, fresh.places.rows)
     assert bytes(resumed.places.names) == bytes(fresh.places.names)
+
+
+# ------------------------------------------------------------ shuffled reads at each sample's place
+
+SHUFFLED = {"batch_size": 1, "shuffle": True, "seed": 5, "lanes": 3, "block": 9}
+
+
+def _plain_order(shards, tmp_path, **options) -> list[dict]:
+    return list(ExactEpochs(write_index(shards, tmp_path / "plain.json"), **{**SHUFFLED, **options}))
+
+
+@pytest.mark.parametrize("views", [False, True], ids=["bytes", "views"])
+def test_a_shuffled_share_is_read_sample_by_sample_in_the_lanes_order(mixed_shards, tmp_path, monkeypatch, views):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    expected = _plain_order(mixed_shards, tmp_path)
+
+    def no_lanes(*args, **kwargs):
+        raise AssertionError("the lanes were read")
+
+    monkeypatch.setattr("wds_datapipes.exact_epochs._lane_samples", no_lanes)
+    monkeypatch.setattr("wds_datapipes.placed_shuffle.OPEN_PER_LANE", 0)  # one open: each change of shard reopens
+    fds = len(os.listdir("/proc/self/fd"))
+    got = list(ExactEpochs(path, views=views, **SHUFFLED))
+    assert [s["__key__"] for s in got] == [s["__key__"] for s in expected]
+    assert [{k: bytes(v) if isinstance(v, memoryview) else v for k, v in s.items()} for s in got] == expected
+    assert all(isinstance(s["bin"], memoryview if views else bytes) for s in got)
+    assert list(got[0]) == list(expected[0])  # the fields in the same order, __pad__ last
+    assert len(os.listdir("/proc/self/fd")) == fds
+    # Views: one read per sample, its members and the headers between them.
+    if views:
+        assert all(s["bin"].obj is s["cls"].obj for s in got)
+        assert all(len(s["bin"].obj) < s["bin"].nbytes + s["cls"].nbytes + 4096 for s in got)
+
+
+@pytest.mark.parametrize("taken", [1, 8, 9, 40])
+def test_a_shuffled_read_by_places_resumes_where_it_stopped(mixed_shards, tmp_path, taken):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    expected = [s["__key__"] for s in _plain_order(mixed_shards, tmp_path, rank=1, world_size=2)]
+    first = ExactEpochs(path, rank=1, world_size=2, **SHUFFLED)
+    iterator = iter(first)
+    seen = [next(iterator)["__key__"] for _ in range(taken)]
+    resumed = ExactEpochs(path, rank=1, world_size=2, **SHUFFLED)
+    resumed.load_state_dict(first.state_dict())
+    assert seen + [s["__key__"] for s in resumed] == expected
+
+
+def test_a_shuffled_read_stopped_early_closes_its_shards(mixed_shards, tmp_path):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    pipe = ExactEpochs(path, **SHUFFLED)  # its index maps the places files
+    fds = len(os.listdir("/proc/self/fd"))
+    iterator = iter(pipe)
+    for _ in range(10):
+        next(iterator)
+    assert len(os.listdir("/proc/self/fd")) > fds
+    iterator.close()
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+@pytest.mark.parametrize("change,reason", [
+    (lambda rows: rows["size"].__setitem__(3, 1 << 40), "more than the limit"),
+    (lambda rows: rows["data"].__setitem__(3, 1 << 30), "past the end of the"),
+])
+def test_a_bad_place_in_a_shuffled_read_is_an_error_naming_shard_and_member(mixed_shards, tmp_path, change, reason):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    _rewrite_rows(path, change)
+    with pytest.raises(ShardFormatError, match=reason) as caught:
+        list(ExactEpochs(path, limits=Limits(max_member_bytes=4 << 20), **SHUFFLED))
+    assert caught.value.url.endswith("m-000.tar") and caught.value.member == "m0-0001.cls"
+
+
+def test_a_shuffled_read_with_a_touched_shard_reads_the_lanes_with_a_warning(mixed_shards, tmp_path, caplog):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    expected = _plain_order(mixed_shards, tmp_path)
+    stat = os.stat(mixed_shards[2])
+    os.utime(mixed_shards[2], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with caplog.at_level(logging.WARNING, logger="wds_datapipes"):
+        assert list(ExactEpochs(path, **SHUFFLED)) == expected
+    assert any("m-002.tar" in r.getMessage() and "modified since" in r.getMessage() for r in caplog.records)
+
+
+def test_a_shuffled_read_of_a_shard_that_grew_fails_naming_it(mixed_shards, tmp_path):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    with open(mixed_shards[2], "ab") as shard:
+        shard.write(bytes(512))
+    with pytest.raises(IndexMismatchError, match="m-002.tar.*it changed since it was indexed"):
+        list(ExactEpochs(path, **SHUFFLED))
+
+
+def test_a_shuffled_read_of_a_missing_shard_fails_naming_it(mixed_shards, tmp_path):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    os.remove(mixed_shards[1])
+    with pytest.raises(wd.ShardOpenError, match="m-001.tar.*FileNotFoundError"):
+        list(ExactEpochs(path, **SHUFFLED))
+
+
+def test_a_shard_truncated_while_open_is_a_format_error_naming_it(mixed_shards, tmp_path):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    pipe = ExactEpochs(path, **SHUFFLED)  # its index maps the places files
+    fds = len(os.listdir("/proc/self/fd"))
+    iterator = iter(pipe)
+    while len(os.listdir("/proc/self/fd")) < fds + len(mixed_shards):  # until every shard is open
+        next(iterator)
+    for shard in mixed_shards:
+        os.truncate(shard, 4096)
+    with pytest.raises(ShardFormatError, match="truncated") as caught:
+        list(iterator)
+    assert type(caught.value) is ShardFormatError and caught.value.url.endswith(".tar") and caught.value.member

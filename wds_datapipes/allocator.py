@@ -1,7 +1,8 @@
 """``keep_freed_memory``: let glibc's malloc keep freed memory instead of faulting it in again.
 
 Raw samples are large ``bytes`` (tens of KB each). A shuffle buffer (``shuffle_samples``,
-``ExactEpochs``' blocks) frees them in another order than they were made, so free memory
+``ExactEpochs``' blocks over an index without member places) frees them in another order
+than they were made, so free memory
 gathers at the top of malloc's heap, and glibc hands it back to the OS whenever that
 exceeds its trim threshold (128 KB by default, or twice the largest memory-mapped block
 freed so far). The next samples then fault every page in again: on the 2-core machine

@@ -120,6 +120,21 @@ class SpanList:
         stops[-1] -= int(self.ends[last]) - b
         return SpanList(shards, starts, stops, self.pads[first : last + 1])
 
+    def locate(self, positions: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(shard, sample within the shard, pad flag) of each of ``positions``."""
+        at = np.asarray(positions, dtype=np.int64)
+        i = np.searchsorted(self.ends, at, side="right")
+        before = self.ends[i] - (self.stops[i] - self.starts[i])  # positions ahead of span i
+        return self.shards[i], self.starts[i] + at - before, self.pads[i]
+
+    def shard_ranges(self) -> dict[int, tuple[int, int]]:
+        """{shard: (first sample, one past the last)} over the spans of each shard."""
+        ranges: dict[int, tuple[int, int]] = {}
+        for shard, start, stop in zip(self.shards.tolist(), self.starts.tolist(), self.stops.tolist()):
+            lo, hi = ranges.get(shard, (start, stop))
+            ranges[shard] = (min(lo, start), max(hi, stop))
+        return ranges
+
     def without_pads(self) -> SpanList:
         keep = ~self.pads
         return SpanList(self.shards[keep], self.starts[keep], self.stops[keep])

@@ -22,6 +22,7 @@ from .limits import Limits, get_limits
 from .member_places import read_placed
 from .openers import ShardUrl, open_shard, stream_size
 from .pipe_base import Pipe
+from .placed_shuffle import shuffled_by_places
 from .shard_index import ShardIndex
 from .tar_reader import iter_tar_members
 from .topology import EpochClock, ShardingRecord, Topology, loader_worker
@@ -259,6 +260,10 @@ def read_share(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: in
     bounds = reader.lane_bounds()
     if not reader.shuffle:
         yield from _lane_samples(index, spans.slice(start, reader.length), limits, views)
+        return
+    placed = shuffled_by_places(index, reader, spans, start, limits or get_limits(), views)
+    if placed is not None:
+        yield from placed
         return
     first_block = start // reader.block_size
     taken = reader.taken_per_lane(start)

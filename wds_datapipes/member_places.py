@@ -268,12 +268,22 @@ def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: in
 
     ``views``: fields are memoryviews of the ``bytes`` of each read (one copy per member),
     not copies of their own."""
-    entry = places.shards[shard]
-    if entry is None or url_scheme(url) != "file":
+    stamp = usable_stamp(places, shard, url, filesize)
+    if stamp is None:
         return None
-    path = local_path(url)
+    rows, names = places_of_samples(places, shard, url, start, stop)
+    return _placed_samples(local_path(url), ShardUrl.opened(url), rows, names, stamp, limits, last_fields or {},
+                           views)
+
+
+def usable_stamp(places: MemberPlaces, shard: int, url: str, filesize: int | None) -> tuple[int, int] | None:
+    """The (size, mtime_ns) of shard ``shard`` where it can be read by its places; None where
+    it has none, is not a local file, or was modified since they were taken (said once per
+    shard and process). A missing shard, or one of another size than the index says, raises."""
+    if places.shards[shard] is None or url_scheme(url) != "file":
+        return None
     try:
-        stamp = _stamp(os.stat(path))
+        stamp = _stamp(os.stat(local_path(url)))
     except OSError as exn:
         raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
     if filesize is not None and stamp[0] != filesize:
@@ -285,11 +295,39 @@ def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: in
             logger.warning("shard %r was modified since its member places were taken (its modification time "
                            "differs); reading its headers instead. Index it again to read it by places.", url)
         return None
+    return stamp
+
+
+def places_of_samples(places: MemberPlaces, shard: int, url: str, start: int, stop: int) -> tuple[np.ndarray, list[str]]:
+    """The records and names of samples ``start`` .. ``stop - 1``, checked to hold those samples."""
     rows, names = places.span(shard, start, stop)
     if not _numbered(rows["sample"], start, stop):
         raise IndexMismatchError(f"shard {url!r}: its member places do not hold samples {start} .. {stop - 1} "
                                  "that the index counts; index it again")
-    return _placed_samples(path, ShardUrl.opened(url), rows, names, stamp, limits, last_fields or {}, views)
+    return rows, names
+
+
+def open_placed(path: str, url: ShardUrl, stamp: tuple[int, int]) -> int:
+    """A descriptor of the shard at ``path``, checked to be the file its places were taken from."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exn:
+        raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
+    try:
+        if _stamp(os.fstat(fd)) != stamp:
+            raise IndexMismatchError(f"shard {url!r} changed while it was opened; read it again")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_place(url: ShardUrl, name: str, offset: int, size: int, filesize: int, limit: int) -> None:
+    """A ShardFormatError where a member's place is over the size limit or past the file's end."""
+    if size > limit or offset + size > filesize:
+        raise ShardFormatError(url, name, offset, f"its place says {size} bytes at byte {offset}: "
+                               + ("more than the limit of Limits.max_member_bytes" if size > limit
+                                  else f"past the end of the {filesize}-byte file"))
 
 
 def _numbered(numbers: np.ndarray, start: int, stop: int) -> bool:
@@ -318,14 +356,9 @@ def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str]
     """The samples of ``rows``: members copied out of reads of up to a megabyte (one read for
     a run of small members), grouped by the sample numbers the scan gave them (one loop: a
     generator less per member)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exn:
-        raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
+    fd = open_placed(path, url, stamp)
     name, offset = None, 0
     try:
-        if _stamp(os.fstat(fd)) != stamp:
-            raise IndexMismatchError(f"shard {url!r} changed while it was opened; read it again")
         filesize = stamp[0]
         chunk = BUFFER_BYTES
         view = memoryview(b"" if views else bytearray(chunk))
@@ -339,9 +372,7 @@ def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str]
                 names, splits, rows["data"].tolist(), rows["size"].tolist(), rows["sample"].tolist(),
                 _read_ends(rows, chunk)):
             if size > limit or offset + size > filesize:
-                raise ShardFormatError(url, name, offset, f"its place says {size} bytes at byte {offset}: "
-                                       + ("more than the limit of Limits.max_member_bytes" if size > limit
-                                          else f"past the end of the {filesize}-byte file"))
+                check_place(url, name, offset, size, filesize, limit)
             if size > chunk:
                 data = os.pread(fd, size, offset)
                 if len(data) < size:
@@ -356,7 +387,7 @@ def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str]
                         view = memoryview(os.pread(fd, read_end - offset, offset))
                         end = len(view)
                     else:
-                        end = _read_at(fd, view[: read_end - offset], offset)
+                        end = read_at(fd, view[: read_end - offset], offset)
                     if end < size:
                         raise ShardFormatError(url, name, offset, f"truncated: {end} of {size} bytes")
                 data = view[at : at + size] if views else bytes(view[at : at + size])
@@ -380,7 +411,7 @@ def _stamp(stat: os.stat_result) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
-def _read_at(fd: int, view: memoryview, offset: int) -> int:
+def read_at(fd: int, view: memoryview, offset: int) -> int:
     if hasattr(os, "preadv"):
         return os.preadv(fd, [view], offset)
     os.lseek(fd, offset, os.SEEK_SET)
