@@ -20,13 +20,15 @@ Then times, each row the best of --repeats after a warm-up read (page cache):
    (decode("pil") + torchvision's PIL transforms);
 3. vision, two cores (wall time): the bare loop in 2 threads (the ceiling), ours in one
    process with 2 threads, ours under DataLoader(num_workers=2) and DataLoader2 + our
-   MultiProcessingReadingService(2) (the same per-worker pipeline), webdataset's recipe
-   under DataLoader(num_workers=2); and the time to each loader's first batch;
+   MultiProcessingReadingService(2) (the same per-worker pipeline): a first epoch of a new
+   loader (its workers start) and a later epoch of one whose workers are kept, timed in
+   turn with the ceiling; webdataset's recipe under DataLoader(num_workers=2); and the
+   time to each loader's first batch;
 4. uniform small images: decode_batches into the batch (no transform) against the bare
    decoder, in one and two threads;
-5. shuffled raw samples (photos): shuffle_samples(1000), ExactEpochs' shuffle and
-   webdataset's shuffle(1000), each in a fresh process: with glibc's default allocator,
-   and after wd.keep_freed_memory().
+5. shuffled raw samples (photos): shuffle_samples(1000), ExactEpochs' shuffle (and its
+   in-order read) and webdataset's shuffle(1000), each in a fresh process: with glibc's
+   default allocator, and after wd.keep_freed_memory().
 Prints samples/s, the ratios the issues' targets name, and the machine.
 """
 
@@ -111,7 +113,7 @@ class Table:
         print(f"  {name:<70} {best:>10,.0f}")
         return best
 
-    def interleaved(self, makes: dict[str, Callable[[], Iterable]]) -> dict[str, float]:
+    def interleaved(self, makes: dict[str, Callable[[], Iterable]], expect: int) -> dict[str, float]:
         """Rows timed in turn within each repeat, so that a slow spell of a shared machine
         falls on all of them (ratios between them are the point)."""
         best = dict.fromkeys(makes, 0.0)
@@ -120,6 +122,8 @@ class Table:
                 start = self.clock()
                 count = count_samples(make())
                 best[name] = max(best[name], count / (self.clock() - start))
+                if count != expect:
+                    raise SystemExit(f"{name}: got {count} samples, expected {expect}")
         for name, rate in best.items():
             self.rows[name] = rate
             print(f"  {name:<70} {rate:>10,.0f}")
@@ -168,6 +172,8 @@ def shuffled_rates(args: argparse.Namespace) -> dict[str, float]:
                     "shuffle_samples", lambda: wd.ShardLister(photos).load_tar().group_by_key().shuffle_samples(1000)),
                 "ours, ExactEpochs(index with member places, shuffle=True)": table.row(
                     "exact", lambda: exact_epochs(index, shuffle=True)),
+                "ours, ExactEpochs(index with member places, in order)": table.row(
+                    "in order", lambda: exact_epochs(index, shuffle=False)),
                 "webdataset, WebDataset(shardshuffle=False).shuffle(1000)": table.row(
                     "webdataset", lambda: wds.WebDataset(photos, shardshuffle=False).shuffle(1000)),
             }
@@ -361,7 +367,7 @@ def main() -> None:
                 makes.update({f"eval: ours under {n}, first epoch (workers start)": m for n, m in fresh.items()})
                 makes.update({f"eval: ours under {n}, later epochs (workers kept)": lambda n=n: started[n]
                               for n in started})
-            rates = table.interleaved(makes)
+            rates = table.interleaved(makes, expect=len(jpgs))
             two[name] = (rates[ours_row], rates[ceiling_row])
             if name == "eval":
                 loader_rates = {n: (rates[f"eval: ours under {n}, first epoch (workers start)"],
@@ -438,13 +444,13 @@ def main() -> None:
         dl, dl2 = first.values()
         print(f"  first batch, DataLoader2 / DataLoader {dl2 / dl:4.2f} [<= 1.00]")
     print(f"  vision eval, two cores: ours one process / webdataset recipe {two['eval'][0] / wds_dl:4.1f}x")
-    (default, default_exact, default_wds), (kept, kept_exact, kept_wds) = shuffled.values()
+    (default, default_exact, default_in_order, default_wds), (kept, kept_exact, kept_in_order, kept_wds) = (
+        shuffled.values())
     print(f"  shuffled raw photos, keep_freed_memory / default allocator: shuffle_samples {kept / default:4.1f}x, "
           f"ExactEpochs {kept_exact / default_exact:4.1f}x, webdataset {kept_wds / default_wds:4.1f}x; "
           f"ours / webdataset {default / default_wds:4.1f}x (default), {kept / kept_wds:4.1f}x (kept)")
-    in_order = raw["photos, ~50 KB"][1]
-    print(f"  shuffled raw photos, ExactEpochs by places: in order (section 1) / shuffled {in_order / default_exact:4.2f}x "
-          f"(default allocator), {in_order / kept_exact:4.2f}x (kept)")
+    print(f"  shuffled raw photos, ExactEpochs by places: in order / shuffled {default_in_order / default_exact:4.2f}x "
+          f"(default allocator), {kept_in_order / kept_exact:4.2f}x (kept)")
     print(f"  small images: decode_batches / bare decoder {ours_one / bare_one:4.0%} (one process), "
           f"{ours_two / bare_two:4.0%} (2 threads)")
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 import webdataset as wds
 from builders import write_index
+from torch.utils.data import DataLoader
 
 import wds_datapipes as wd
 from wds_datapipes import (
@@ -353,10 +354,65 @@ def test_a_shuffled_share_is_read_sample_by_sample_in_the_lanes_order(mixed_shar
     assert all(isinstance(s["bin"], memoryview if views else bytes) for s in got)
     assert list(got[0]) == list(expected[0])  # the fields in the same order, __pad__ last
     assert len(os.listdir("/proc/self/fd")) == fds
-    # Views: one read per sample, its members and the headers between them.
+    # Views: one read per sample (its members and the headers between them), one per member
+    # where that would pass the megabyte.
     if views:
-        assert all(s["bin"].obj is s["cls"].obj for s in got)
-        assert all(len(s["bin"].obj) < s["bin"].nbytes + s["cls"].nbytes + 4096 for s in got)
+        small = [s for s in got if s["bin"].nbytes < member_places.BUFFER_BYTES]
+        assert len(small) < len(got) and all(s["bin"].obj is s["cls"].obj for s in small)
+        assert all(len(s["bin"].obj) < s["bin"].nbytes + s["cls"].nbytes + 4096 for s in small)
+        assert all(len(s["bin"].obj) == s["bin"].nbytes for s in got if s not in small)
+
+
+@pytest.mark.parametrize("options", [
+    {"mode": "pad", "world_size": 3, "rank": 2},                      # spans that repeat samples as pads
+    {"samples_per_epoch": 250, "world_size": 2, "rank": 1},           # each shard in two or three passes
+    {"samples_per_epoch": 250, "world_size": 2, "rank": 0, "block": 30, "lanes": 2},
+], ids=["pads", "passes", "passes-longer-blocks"])
+def test_a_shuffled_read_by_places_equals_the_lanes_with_pads_and_passes(mixed_shards, tmp_path, options):
+    placed = ExactEpochs(write_index(mixed_shards, tmp_path / "index.json", places=True), **{**SHUFFLED, **options})
+    plain = ExactEpochs(write_index(mixed_shards, tmp_path / "plain.json"), **{**SHUFFLED, **options})
+    for _ in range(2):  # two epochs
+        expected = [(s["__key__"], s["__pad__"]) for s in plain]
+        assert [(s["__key__"], s["__pad__"]) for s in placed] == expected
+        assert any(pad for _, pad in expected) or len({k for k, _ in expected}) < len(expected)  # repeats
+
+
+def test_a_shuffled_read_by_places_under_two_workers_equals_the_lanes(mixed_shards, tmp_path):
+    path = write_index(mixed_shards, tmp_path / "index.json", places=True)
+    plain = write_index(mixed_shards, tmp_path / "plain.json")
+    keys = [[s["__key__"] for s in DataLoader(ExactEpochs(index, **SHUFFLED), batch_size=None, num_workers=2)]
+            for index in (path, plain)]
+    assert keys[0] == keys[1] and len(keys[0]) == sum(SIZES)
+
+
+def test_a_reader_keeps_few_shards_open_and_reopens_them(tmp_path, sized_shards, monkeypatch):
+    shards = sized_shards([7] * 11, prefix="s")  # 77 samples: the lanes meet inside a shard
+    path = write_index(shards, tmp_path / "index.json", places=True)
+    options = {**SHUFFLED, "lanes": 2, "block": 4}
+    expected = [s["__key__"] for s in ExactEpochs(write_index(shards, tmp_path / "plain.json"), **options)]
+    monkeypatch.setattr("wds_datapipes.placed_shuffle.OPEN_PER_LANE", 1)
+    opened = []
+    real_open = member_places.open_placed
+    monkeypatch.setattr("wds_datapipes.placed_shuffle.open_placed", lambda *a: opened.append(a[0]) or real_open(*a))
+    pipe = ExactEpochs(path, **options)
+    fds = len(os.listdir("/proc/self/fd"))
+    most = 0
+    got = []
+    for sample in pipe:
+        got.append(sample["__key__"])
+        most = max(most, len(os.listdir("/proc/self/fd")) - fds)
+    assert got == expected
+    assert most <= 4  # the block's shards at most: 2 lanes x 2 rows
+    assert len(opened) > len(set(opened)) == len(shards)  # some closed and opened again
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_shuffled_share_with_a_shard_without_places_reads_the_rest_by_the_lanes(tmp_path, sized_shards):
+    plain = sized_shards([9, 7, 8], prefix="p")
+    gz = sized_shards([6], prefix="g", gz=True)
+    path = write_index(plain + gz, tmp_path / "index.json", places=True)
+    expected = [s["__key__"] for s in ExactEpochs(write_index(plain + gz, tmp_path / "plain.json"), **SHUFFLED)]
+    assert [s["__key__"] for s in ExactEpochs(path, **SHUFFLED)] == expected
 
 
 @pytest.mark.parametrize("taken", [1, 8, 9, 40])

@@ -257,17 +257,24 @@ def read_share(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: in
     """The samples of one reader's share, from output position ``start``, in the plan's order."""
     if start >= reader.length:
         return
-    bounds = reader.lane_bounds()
     if not reader.shuffle:
         yield from _lane_samples(index, spans.slice(start, reader.length), limits, views)
-        return
-    placed = shuffled_by_places(index, reader, spans, start, limits or get_limits(), views)
-    if placed is not None:
-        yield from placed
+    elif index.places is not None:  # each sample at its place, the lanes from where a shard has none
+        yield from shuffled_by_places(index, reader, spans, start, limits or get_limits(), views,
+                                      lambda at: _shuffled_lanes(index, reader, spans, at, limits, views))
+    else:
+        yield from _shuffled_lanes(index, reader, spans, start, limits, views)
+
+
+def _shuffled_lanes(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: int, limits: Limits | None,
+                    views: bool) -> Iterator[dict]:
+    """A shuffled share read lane by lane in shard order, each block held and yielded in its order."""
+    if start >= reader.length:
         return
     first_block = start // reader.block_size
     taken = reader.taken_per_lane(start)
-    lanes = [_lane_samples(index, spans.slice(a + t, b), limits, views) for (a, b), t in zip(bounds, taken)]
+    lanes = [_lane_samples(index, spans.slice(a + t, b), limits, views)
+             for (a, b), t in zip(reader.lane_bounds(), taken)]
     try:
         for q in range(first_block, reader.blocks):
             members = reader.block_rows(q)

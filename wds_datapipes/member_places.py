@@ -314,12 +314,21 @@ def open_placed(path: str, url: ShardUrl, stamp: tuple[int, int]) -> int:
     except OSError as exn:
         raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
     try:
-        if _stamp(os.fstat(fd)) != stamp:
-            raise IndexMismatchError(f"shard {url!r} changed while it was opened; read it again")
-    except BaseException:
+        opened = _stamp(os.fstat(fd))
+    except OSError as exn:
         os.close(fd)
-        raise
+        raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
+    if opened != stamp:
+        os.close(fd)
+        raise IndexMismatchError(f"shard {url!r} changed while it was opened; read it again")
     return fd
+
+
+def bad_members(rows: np.ndarray, filesize: int, limit: int) -> np.ndarray:
+    """The indices of ``rows`` whose place is over ``limit`` bytes or past the end of a
+    ``filesize``-byte file (no sum that could wrap: the records may be corrupt)."""
+    data, size = rows["data"], rows["size"]
+    return np.flatnonzero((size > limit) | (data > filesize) | (size > filesize - np.minimum(data, filesize)))
 
 
 def check_place(url: ShardUrl, name: str, offset: int, size: int, filesize: int, limit: int) -> None:

@@ -9,13 +9,16 @@ caches, and glibc hands freed big blocks back to the OS (see ``allocator.py``): 
 with the allocator kept.
 
 With member places the order costs nothing: the positions of a block are located in
-their shards (``SpanList.locate``), and each sample is read at its place with one
-``pread`` when it is yielded (its members are adjacent in the shard). Only the sample
-being yielded is held. The samples and their order are those of the lanes.
+their shards (``SpanList.locate``), and each sample is read at its place when it is
+yielded: one ``pread`` from its first member's bytes to its last one's where that is at
+most a megabyte, else one per member. Only the sample being yielded is held (and the
+places of the open shards, about 100 bytes a member). The samples and their order are
+those of the lanes.
 
-Shards are opened as a reader reaches them and kept open (with the places of the samples
-the reader takes from them) for the ``OPEN_PER_LANE * lanes`` most recently read: a block's
-lanes read from about one shard each at a time.
+Shards are opened as the reader reaches them, checked as ``read_placed`` checks them, and
+kept open for the ``OPEN_PER_LANE * lanes`` most recently read (at least the shards of the
+current block). Where a shard has no places or was modified since they were taken, the
+rest of the share, from that sample on, is read by the lanes.
 """
 
 from __future__ import annotations
@@ -23,16 +26,17 @@ from __future__ import annotations
 import collections
 import os
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from . import member_places
 from .epoch_plan import ReaderPlan, SpanList
 from .errors import ShardFormatError, shard_error
 from .grouping import split_key
-from .handlers import EXACT_EPOCH_FLAG as PAD_KEY
+from .handlers import EXACT_EPOCH_FLAG
 from .limits import Limits
-from .member_places import BUFFER_BYTES, check_place, open_placed, places_of_samples, read_at, usable_stamp
+from .member_places import bad_members, check_place, open_placed, places_of_samples, read_at, usable_stamp
 from .openers import ShardUrl, local_path
 from .shard_index import ShardIndex
 
@@ -40,34 +44,38 @@ OPEN_PER_LANE = 2  # shards a reader keeps open per lane, the least recently rea
 
 
 def shuffled_by_places(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: int, limits: Limits,
-                       views: bool) -> Iterator[dict] | None:
+                       views: bool, lanes: Callable[[int], Iterator[dict]]) -> Iterator[dict]:
     """The samples of a shuffled reader's share from output position ``start``, each read at
-    its place; None where a shard of the share has no usable places (then read the lanes)."""
-    if index.places is None:
-        return None
-    ranges = spans.shard_ranges()
-    stamps = {}
-    for shard in ranges:
-        stamp = usable_stamp(index.places, shard, index.url(shard), index.shards[shard].filesize)
-        if stamp is None:
-            return None
-        stamps[shard] = stamp
-    keep = max(1, OPEN_PER_LANE * reader.lanes)
-    return _read(_PlacedShards(index, ranges, stamps, limits, views, keep), reader, spans, start)
-
-
-def _read(shards: _PlacedShards, reader: ReaderPlan, spans: SpanList, start: int) -> Iterator[dict]:
+    its place; from the first sample of a shard without usable places on, ``lanes(position)``."""
+    shards = _PlacedShards(index, spans.shard_ranges(), limits, views, max(1, OPEN_PER_LANE * reader.lanes))
     try:
-        first_block = start // reader.block_size
-        for q in range(first_block, reader.blocks):
-            positions = reader.block_positions(q)
-            if q == first_block:
-                positions = positions[start - q * reader.block_size:]
-            located = spans.locate(positions)
-            for shard, number, pad in zip(*(column.tolist() for column in located)):
-                yield shards.sample(shard, number, pad)
+        stopped = yield from _placed(shards, reader, spans, start)
     finally:
         shards.close()
+    if stopped is not None:
+        yield from lanes(stopped)
+
+
+def _placed(shards: _PlacedShards, reader: ReaderPlan, spans: SpanList, start: int):
+    """Yields the samples from ``start`` on; returns None at the end, or the position of the
+    first sample whose shard cannot be read by places."""
+    position = start
+    for q in range(start // reader.block_size, reader.blocks):
+        located = spans.locate(reader.block_positions(q)[position - q * reader.block_size :])
+        block_shards, numbers, pads = (column.tolist() for column in located)
+        shards.keep_at_least(len(set(block_shards)))
+        for shard, number, pad in zip(block_shards, numbers, pads):
+            try:
+                sample = shards.sample(shard, number, pad)
+            except _NotPlaced:
+                return position
+            yield sample
+            position += 1
+    return None
+
+
+class _NotPlaced(Exception):
+    """A shard of the share has no usable places."""
 
 
 class _Shard:
@@ -88,8 +96,7 @@ class _Shard:
         self.keys = [splits[f][0] for f in firsts[:-1].tolist()]
         common: dict[str, str] = {}  # one string per distinct suffix
         self.suffixes = [common.setdefault(suffix, suffix) for _, suffix in splits]
-        # Members whose place is over the limit or past the file's end: an error when their sample is read.
-        self.bad = np.flatnonzero((rows["size"] > limit) | (rows["data"] + rows["size"] > stamp[0])).tolist()
+        self.bad = bad_members(rows, stamp[0], limit).tolist()  # an error when their sample is read
         self.fd = open_placed(local_path(url), self.url, stamp)
 
     def name(self, member: int) -> str:
@@ -98,25 +105,37 @@ class _Shard:
         _, names = self.index.places.span(self.shard, number, number + 1)
         return names[member - self.firsts[number - self.lo]]
 
+    def truncated(self, member: int, got: int, wanted: int) -> ShardFormatError:
+        return ShardFormatError(self.url, self.name(member), self.data[member], f"truncated: {got} of {wanted} bytes")
+
 
 class _PlacedShards:
-    """The shards of one reader's share, opened as it reaches them."""
+    """The shards of one reader's share, opened as it reaches them, and its samples' reads."""
 
-    def __init__(self, index: ShardIndex, ranges: dict[int, tuple[int, int]], stamps: dict[int, tuple[int, int]],
-                 limits: Limits, views: bool, keep: int):
-        self.index, self.ranges, self.stamps, self.views, self.keep = index, ranges, stamps, views, keep
+    def __init__(self, index: ShardIndex, ranges: dict[int, tuple[int, int]], limits: Limits, views: bool,
+                 keep: int):
+        self.index, self.ranges, self.views, self.keep = index, ranges, views, keep
         self.limit = limits.max_member_bytes
+        self.chunk = member_places.BUFFER_BYTES  # a sample's members up to this much are read at once
+        self.buffer = None if views else memoryview(bytearray(self.chunk))
         self.open: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
-        self.buffer = None if views else memoryview(bytearray(BUFFER_BYTES))
+
+    def keep_at_least(self, shards: int) -> None:
+        """Keeps the shards of a block open however many it reads from."""
+        self.keep = max(self.keep, shards)
 
     def _shard(self, shard: int) -> _Shard:
         opened = self.open.get(shard)
-        if opened is None:
-            opened = self.open[shard] = _Shard(self.index, shard, *self.ranges[shard], self.stamps[shard], self.limit)
-            if len(self.open) > self.keep:
-                os.close(self.open.popitem(last=False)[1].fd)
-        else:
+        if opened is not None:
             self.open.move_to_end(shard)
+            return opened
+        url = self.index.url(shard)
+        stamp = usable_stamp(self.index.places, shard, url, self.index.shards[shard].filesize)
+        if stamp is None:
+            raise _NotPlaced(url)
+        opened = self.open[shard] = _Shard(self.index, shard, *self.ranges[shard], stamp, self.limit)
+        if len(self.open) > self.keep:
+            os.close(self.open.popitem(last=False)[1].fd)
         return opened
 
     def sample(self, shard: int, number: int, pad: bool) -> dict:
@@ -126,30 +145,41 @@ class _PlacedShards:
         data, sizes, suffixes = s.data, s.sizes, s.suffixes
         if s.bad:
             self._check(s, a, b)
-        low, high = data[a], data[b - 1] + sizes[b - 1]  # the members and the headers between them
         sample = {"__key__": s.keys[number - s.lo], "__url__": s.url}
-        try:
-            if self.views:
-                view = memoryview(os.pread(s.fd, high - low, low))
-            elif high - low <= BUFFER_BYTES:
-                view = self.buffer[: read_at(s.fd, self.buffer[: high - low], low)]
-            else:  # too large for the buffer: each member straight into its bytes
-                view = None
-                for m in range(a, b):
-                    field = sample[suffixes[m]] = os.pread(s.fd, sizes[m], data[m])
-                    if len(field) < sizes[m]:
-                        raise ShardFormatError(s.url, s.name(m), data[m], f"truncated: {len(field)} of {sizes[m]} "
-                                               "bytes")
-        except OSError as exn:
-            raise shard_error(exn, s.url, s.name(a), low) from exn
-        if view is not None:
-            if len(view) < high - low:
-                raise ShardFormatError(s.url, s.name(a), low, f"truncated: {len(view)} of {high - low} bytes")
+        low, high = data[a], data[b - 1] + sizes[b - 1]  # the members and the headers between them
+        if high - low <= self.chunk:
+            view = self._read(s, a, b, low, high)
             for m in range(a, b):
                 at = data[m] - low
                 sample[suffixes[m]] = view[at : at + sizes[m]] if self.views else bytes(view[at : at + sizes[m]])
-        sample[PAD_KEY] = pad
+        else:  # each member straight into its bytes (no unnamed member between them read)
+            for m in range(a, b):
+                sample[suffixes[m]] = self._read_member(s, m)
+        sample[EXACT_EPOCH_FLAG] = pad
         return sample
+
+    def _read(self, s: _Shard, a: int, b: int, low: int, high: int) -> memoryview:
+        """The shard's bytes ``low`` .. ``high - 1`` (members ``a`` .. ``b - 1``): new bytes for views, else the buffer's."""
+        try:
+            if self.views:
+                view = memoryview(os.pread(s.fd, high - low, low))
+            else:
+                view = self.buffer[: read_at(s.fd, self.buffer[: high - low], low)]
+        except OSError as exn:
+            raise shard_error(exn, s.url, s.name(a), low) from exn
+        if len(view) < high - low:
+            short = next(m for m in range(a, b) if s.data[m] + s.sizes[m] - low > len(view))
+            raise s.truncated(short, max(0, len(view) - (s.data[short] - low)), s.sizes[short])
+        return view
+
+    def _read_member(self, s: _Shard, m: int) -> bytes | memoryview:
+        try:
+            field = os.pread(s.fd, s.sizes[m], s.data[m])
+        except OSError as exn:
+            raise shard_error(exn, s.url, s.name(m), s.data[m]) from exn
+        if len(field) < s.sizes[m]:
+            raise s.truncated(m, len(field), s.sizes[m])
+        return memoryview(field) if self.views else field
 
     def _check(self, s: _Shard, a: int, b: int) -> None:
         for m in s.bad:
