@@ -113,11 +113,11 @@ class Table:
         print(f"  {name:<70} {best:>10,.0f}")
         return best
 
-    def interleaved(self, makes: dict[str, Callable[[], Iterable]], expect: int) -> dict[str, float]:
-        """Rows timed in turn within each repeat, so that a slow spell of a shared machine
+    def interleaved(self, makes: dict[str, Callable[[], Iterable]], expect: int, repeats: int) -> dict[str, float]:
+        """Rows timed in turn, ``repeats`` times, so that a slow spell of a shared machine
         falls on all of them (ratios between them are the point)."""
         best = dict.fromkeys(makes, 0.0)
-        for _ in range(self.repeats):
+        for _ in range(repeats):
             for name, make in makes.items():
                 start = self.clock()
                 count = count_samples(make())
@@ -367,7 +367,8 @@ def main() -> None:
                 makes.update({f"eval: ours under {n}, first epoch (workers start)": m for n, m in fresh.items()})
                 makes.update({f"eval: ours under {n}, later epochs (workers kept)": lambda n=n: started[n]
                               for n in started})
-            rates = table.interleaved(makes, expect=len(jpgs))
+            # The machine's speed moves 20% within seconds (CPU time of the same loop): 5 turns at least.
+            rates = table.interleaved(makes, expect=len(jpgs), repeats=max(args.repeats, 5))
             two[name] = (rates[ours_row], rates[ceiling_row])
             if name == "eval":
                 loader_rates = {n: (rates[f"eval: ours under {n}, first epoch (workers start)"],
