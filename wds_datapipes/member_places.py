@@ -334,12 +334,11 @@ def bad_members(rows: np.ndarray, filesize: int, limit: int) -> np.ndarray:
     return np.flatnonzero((size > limit) | (data > filesize) | (size > filesize - np.minimum(data, filesize)))
 
 
-def check_place(url: ShardUrl, name: str, offset: int, size: int, filesize: int, limit: int) -> None:
-    """A ShardFormatError where a member's place is over the size limit or past the file's end."""
-    if size > limit or offset + size > filesize:
-        raise ShardFormatError(url, name, offset, f"its place says {size} bytes at byte {offset}: "
-                               + ("more than the limit of Limits.max_member_bytes" if size > limit
-                                  else f"past the end of the {filesize}-byte file"))
+def bad_place(url: ShardUrl, name: str, offset: int, size: int, filesize: int, limit: int) -> ShardFormatError:
+    """The error for a member :func:`bad_members` picked: over the size limit or past the file's end."""
+    return ShardFormatError(url, name, offset, f"its place says {size} bytes at byte {offset}: "
+                            + ("more than the limit of Limits.max_member_bytes" if size > limit
+                               else f"past the end of the {filesize}-byte file"))
 
 
 def _numbered(numbers: np.ndarray, start: int, stop: int) -> bool:
@@ -380,11 +379,11 @@ def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str]
         current = -1
         # The scan kept only names with a key, and no suffix twice in a sample.
         splits = [split_key(name) for name in names]
+        bad = bad_members(rows, filesize, limit)
+        good = int(bad[0]) if len(bad) else len(rows)  # the members read before the first bad place
         for name, (key, suffix), offset, size, number, read_end in zip(
-                names, splits, rows["data"].tolist(), rows["size"].tolist(), rows["sample"].tolist(),
+                names[:good], splits, rows["data"].tolist(), rows["size"].tolist(), rows["sample"].tolist(),
                 _read_ends(rows, chunk)):
-            if size > limit or offset + size > filesize:
-                check_place(url, name, offset, size, filesize, limit)
             if size > chunk:
                 data = os.pread(fd, size, offset)
                 if len(data) < size:
@@ -410,6 +409,9 @@ def _placed_samples(path: str, url: ShardUrl, rows: np.ndarray, names: list[str]
                 current = number
                 sample = {"__key__": key, "__url__": url}
             sample[suffix] = data
+        if good < len(rows):  # the sample it is in is not yielded
+            name, offset, size = names[good], int(rows["data"][good]), int(rows["size"][good])
+            raise bad_place(url, name, offset, size, filesize, limit)
         if sample is not None:
             sample.update(last_fields)
             yield sample

@@ -36,7 +36,7 @@ from .errors import ShardFormatError, shard_error
 from .grouping import split_key
 from .handlers import EXACT_EPOCH_FLAG
 from .limits import Limits
-from .member_places import bad_members, check_place, open_placed, places_of_samples, read_at, usable_stamp
+from .member_places import bad_members, bad_place, open_placed, places_of_samples, read_at, usable_stamp
 from .openers import ShardUrl, local_path
 from .shard_index import ShardIndex
 
@@ -184,7 +184,7 @@ class _PlacedShards:
     def _check(self, s: _Shard, a: int, b: int) -> None:
         for m in s.bad:
             if a <= m < b:
-                check_place(s.url, s.name(m), s.data[m], s.sizes[m], s.filesize, self.limit)
+                raise bad_place(s.url, s.name(m), s.data[m], s.sizes[m], s.filesize, self.limit)
 
     def close(self) -> None:
         while self.open:
