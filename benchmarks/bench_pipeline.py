@@ -60,6 +60,7 @@ from shards import make_jpeg_shards, make_payload_shards, make_photo_shards
 from torchvision.transforms import v2 as T
 
 import wds_datapipes as wd
+from wds_datapipes import member_places
 from wds_datapipes.decoding import decode_image
 from wds_datapipes.vision import CenterCrop, RandomResizedCrop
 
@@ -145,8 +146,10 @@ def read_whole(files: list[str], per_file: int):
 
 
 def places_index(files: list[str], path: str) -> str:
-    """An index of ``files`` with member places (written again when a shard is newer)."""
-    if not os.path.exists(path) or any(os.path.getmtime(f) > os.path.getmtime(path) for f in files):
+    """An index of ``files`` with member places (written again when a shard is newer, or its
+    places are in an older format)."""
+    if (not os.path.exists(path) or any(os.path.getmtime(f) > os.path.getmtime(path) for f in files)
+            or wd.ShardIndex.load(path).places.format != member_places.FORMAT):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         wd.ShardIndex.from_scans(wd.build_index(files, places=True), relative_to=path).save(path)
     return path

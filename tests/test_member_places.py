@@ -163,7 +163,7 @@ def test_a_place_beyond_the_limits_or_the_file_is_an_error_naming_shard_and_memb
 
 def test_missing_places_files_are_a_clear_error(mixed_shards, tmp_path):
     path = write_index(mixed_shards, tmp_path / "index.json", places=True)
-    os.remove(tmp_path / "index.names")
+    os.remove(tmp_path / "index.keys")
     with pytest.raises(WdsError, match="member places cannot be read"):
         ShardIndex.load(path)
 
@@ -172,7 +172,7 @@ def test_places_are_named_in_the_index_and_stay_memory_mapped_through_pickling(m
     path = write_index(mixed_shards, tmp_path / "index.json", places=True)
     with open(path) as spec:
         entry = json.load(spec)["wds_datapipes"]["places"]
-    assert entry == {"shards": "index.places.json", "rows": "index.places", "names": "index.names"}
+    assert entry == {"shards": "index.places.json", "rows": "index.places", "keys": "index.keys"}
     pipe = ExactEpochs(path, batch_size=2, shuffle=False)
     data = pickle.dumps(pipe)
     assert len(data) < 20_000
@@ -186,7 +186,7 @@ def test_saving_a_loaded_index_keeps_its_places(mixed_shards, tmp_path):
     index.save(str(tmp_path / "copy.json"))
     copy = ShardIndex.load(str(tmp_path / "copy.json"))
     assert np.array_equal(copy.places.rows, index.places.rows)
-    assert bytes(copy.places.names) == bytes(index.places.names)
+    assert bytes(copy.places.text) == bytes(index.places.text)
 
 
 def test_the_command_line_writes_places_and_verify_checks_them(mixed_shards, tmp_path):
@@ -325,7 +325,7 @@ def test_an_interrupted_places_run_resumes_with_the_places_it_took(mixed_shards,
     fresh = ShardIndex.load(write_index(mixed_shards, tmp_path / "fresh.json", places=True))
     resumed = ShardIndex.load(str(out))
     assert np.array_equal(resumed.places.rows, fresh.places.rows)
-    assert bytes(resumed.places.names) == bytes(fresh.places.names)
+    assert bytes(resumed.places.text) == bytes(fresh.places.text)
 
 
 # ------------------------------------------------------------ shuffled reads at each sample's place

@@ -33,7 +33,6 @@ import numpy as np
 from . import member_places
 from .epoch_plan import ReaderPlan, SpanList
 from .errors import ShardFormatError, shard_error
-from .grouping import split_key
 from .handlers import EXACT_EPOCH_FLAG
 from .limits import Limits
 from .member_places import bad_members, bad_place, open_placed, places_of_samples, read_at, usable_stamp
@@ -86,24 +85,22 @@ class _Shard:
     def __init__(self, index: ShardIndex, shard: int, lo: int, hi: int, stamp: tuple[int, int], limit: int):
         self.index, self.shard, self.lo, self.filesize = index, shard, lo, stamp[0]
         url = index.url(shard)
-        rows, names = places_of_samples(index.places, shard, url, lo, hi)
+        span = places_of_samples(index.places, shard, url, lo, hi)
+        rows = span.rows
         self.url = ShardUrl.opened(url)
         self.data = array("q", rows["data"].astype(np.int64).tobytes())
         self.sizes = array("q", rows["size"].astype(np.int64).tobytes())
         firsts = np.searchsorted(rows["sample"], np.arange(lo, hi + 1))  # per sample, its first member
         self.firsts = array("q", firsts.astype(np.int64).tobytes())
-        splits = [split_key(name) for name in names]  # the scan kept only names with a key
-        self.keys = [splits[f][0] for f in firsts[:-1].tolist()]
-        common: dict[str, str] = {}  # one string per distinct suffix
-        self.suffixes = [common.setdefault(suffix, suffix) for _, suffix in splits]
+        self.keys, self.suffixes = span.keys, span.suffixes  # one string per distinct field name
         self.bad = bad_members(rows, stamp[0], limit).tolist()  # an error when their sample is read
         self.fd = open_placed(local_path(url), self.url, stamp)
 
     def name(self, member: int) -> str:
         """The name of member ``member`` (counted from sample ``lo``'s first), for errors."""
         number = self.lo + int(np.searchsorted(self.firsts, member, side="right")) - 1
-        _, names = self.index.places.span(self.shard, number, number + 1)
-        return names[member - self.firsts[number - self.lo]]
+        span = self.index.places.span(self.shard, number, number + 1)
+        return span.name(member - self.firsts[number - self.lo])
 
     def truncated(self, member: int, got: int, wanted: int) -> ShardFormatError:
         return ShardFormatError(self.url, self.name(member), self.data[member], f"truncated: {got} of {wanted} bytes")
