@@ -3,11 +3,14 @@
 An optional part of a shard index (``python -m wds_datapipes index --places``). For every
 member that belongs to a sample, in shard order: its name, the byte offset of its data and
 its size, and the number of its sample within the shard. With it, :class:`ExactEpochs`
-reads a local shard's samples a megabyte at a time into one buffer and copies each member
-out of it, and parses no tar header (1.4-2.7x the raw rate of ``load_tar().group_by_key()``,
-see benchmarks/bench_pipeline.py). Members larger than the buffer are read straight into
-their ``bytes`` with one ``pread``. For smaller ones that was measured slower than the
-second copy from a buffer the CPU cache holds (100 KB members: 61k against 71k samples/s).
+reads a local shard's samples a megabyte at a time into new ``bytes`` and slices each
+member out of them (its copy; ``views=True``: a memoryview of the read), and parses no tar
+header (1.4-2.7x the raw rate of ``load_tar().group_by_key()``, see
+benchmarks/bench_pipeline.py). Slicing new bytes was measured 10-24% faster than reading
+into one reused buffer and copying each member out with ``bytes()`` (photos, 1 KB and
+100 KB members). Members larger than a read are read straight into their ``bytes`` with one
+``pread``; for smaller ones that was measured slower (100 KB members: 61k against 71k
+samples/s).
 
 A shuffled ``ExactEpochs`` reads each sample at its place as it is yielded instead
 (``placed_shuffle.py``).
@@ -57,7 +60,7 @@ logger = logging.getLogger("wds_datapipes")
 ROW = np.dtype([("data", "<u8"), ("size", "<u8"), ("sample", "<u4"), ("suffix", "<u4"), ("key", "<u8")])
 ROW_1 = np.dtype([("data", "<u8"), ("size", "<u8"), ("sample", "<u4"), ("name", "<u8")])  # format 1, read only
 FORMAT = 2  # written; 1 and 2 are read
-BUFFER_BYTES = 1 << 20  # members up to this size are copied out of a buffer refilled this much at a time
+BUFFER_BYTES = 1 << 20  # runs of members up to this size are read at once, larger members on their own
 _SAMPLE_KEYS = ("__key__", "__url__")  # what group_members puts in a sample before its fields
 _warned: set[str] = set()  # shards whose stale places were reported in this process
 
@@ -457,7 +460,7 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
     try:
         filesize = stamp[0]
         chunk = BUFFER_BYTES
-        view = memoryview(b"" if views else bytearray(chunk))
+        view = b""
         base = end = 0  # the file's bytes [base, base + end) are in view
         limit = limits.max_member_bytes
         sample: dict | None = None
@@ -478,14 +481,13 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
                 at = offset - base
                 if at < 0 or at + size > end:
                     base, at = offset, 0
-                    if views:  # new bytes each time: the views handed out keep theirs
-                        view = memoryview(os.pread(fd, read_end - offset, offset))
-                        end = len(view)
-                    else:
-                        end = read_at(fd, view[: read_end - offset], offset)
+                    view = os.pread(fd, read_end - offset, offset)  # new bytes: the views handed out keep theirs
+                    if views:
+                        view = memoryview(view)
+                    end = len(view)
                     if end < size:
                         raise _truncated(url, span, offset, end, size)
-                data = view[at : at + size] if views else bytes(view[at : at + size])
+                data = view[at : at + size]  # a copy of its own, or a view of the read (views)
             if number != current:
                 if sample is not None:
                     sample.update(last_fields)
@@ -512,13 +514,6 @@ def _truncated(url: ShardUrl, span: SpanPlaces, offset: int, got: int, wanted: i
 
 def _stamp(stat: os.stat_result) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
-
-
-def read_at(fd: int, view: memoryview, offset: int) -> int:
-    if hasattr(os, "preadv"):
-        return os.preadv(fd, [view], offset)
-    os.lseek(fd, offset, os.SEEK_SET)
-    return os.readv(fd, [view])
 
 
 def _map(path: str, dtype) -> np.ndarray:
