@@ -12,7 +12,7 @@ Then times, each row the best of --repeats after a warm-up read (page cache):
    over an index with member places, which reads no tar header), webdataset, LitData (the
    same samples in its own chunk format, written once; where litdata is installed, as
    `make bench` does) and reading the same tar files whole (the ceiling of any reader),
-   per member size;
+   per member size, the rows of a size timed in turn at least 5 times;
 2. vision, one process (CPU time): bytes -> 224x224 uint8 crops in batches of 64, for
    evaluation (resize the short side to 256, centre crop) and training (random-resized
    crop + flip): the bare loop (torchvision.io.decode_jpeg + the transform over bytes in
@@ -324,21 +324,23 @@ def main() -> None:
     for label, files in (("photos, ~50 KB", photos), *((f"{kb} KB payloads", f) for kb, f in payloads.items())):
         total = count_samples(wd.ShardLister(files).load_tar().group_by_key())
         per_file = total // len(files)
-        ours = row(f"ours, {label}: list_shards().load_tar().group_by_key()",
-                   lambda f=files: wd.ShardLister(f).load_tar().group_by_key())
         index = places_index(files, os.path.join(args.data, "index", f"{label.split(',')[0].replace(' ', '-')}.json"))
-        placed = row(f"ours, {label}: ExactEpochs(index with member places)",
-                     lambda i=index: exact_epochs(i, shuffle=False), expect=total)
-        views = row(f"ours, {label}: ExactEpochs(index with member places, views=True)",
-                    lambda i=index: exact_epochs(i, shuffle=False, views=True), expect=total)
-        theirs = row(f"webdataset, {label}: WebDataset(shardshuffle=False)",
-                     lambda f=files: wds.WebDataset(f, shardshuffle=False))
-        lit = None
+        makes = {
+            f"ours, {label}: list_shards().load_tar().group_by_key()":
+                lambda f=files: wd.ShardLister(f).load_tar().group_by_key(),
+            f"ours, {label}: ExactEpochs(index with member places)": lambda i=index: exact_epochs(i, shuffle=False),
+            f"ours, {label}: ExactEpochs(index with member places, views=True)":
+                lambda i=index: exact_epochs(i, shuffle=False, views=True),
+            f"webdataset, {label}: WebDataset(shardshuffle=False)": lambda f=files: wds.WebDataset(f, shardshuffle=False),
+        }
         if litdata is not None:
             folder = litdata_copy(files, os.path.join(args.data, "litdata", f"{label.split(',')[0].replace(' ', '-')}-{total}"))
-            lit = row(f"litdata, {label}: StreamingDataset (its own chunk format)",
-                      lambda d=folder: litdata.StreamingDataset(d), expect=total)
-        whole = row(f"reading the tar files whole, {label}", lambda f=files, n=per_file: read_whole(f, n))
+            makes[f"litdata, {label}: StreamingDataset (its own chunk format)"] = lambda d=folder: litdata.StreamingDataset(d)
+        makes[f"reading the tar files whole, {label}"] = lambda f=files, n=per_file: read_whole(f, n)
+        # In turns: the ratios to reading whole are targets, and the machine's speed moves.
+        rates = list(table.interleaved(makes, expect=total, repeats=max(5, args.repeats)).values())
+        ours, placed, views, theirs = rates[:4]
+        lit, whole = (rates[4], rates[5]) if litdata is not None else (None, rates[4])
         raw[label] = (ours, placed, views, theirs, lit, whole)
 
     jpgs = [s["jpg"] for s in wd.ShardLister(photos).load_tar().group_by_key()]
