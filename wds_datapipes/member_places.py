@@ -5,7 +5,7 @@ member that belongs to a sample, in shard order: its name, the byte offset of it
 its size, and the number of its sample within the shard. With it, :class:`ExactEpochs`
 reads a local shard's samples a megabyte at a time into new ``bytes`` and slices each
 member out of them (its copy; ``views=True``: a memoryview of the read), and parses no tar
-header (1.4-2.7x the raw rate of ``load_tar().group_by_key()``, see
+header (1.5-4x the raw rate of ``load_tar().group_by_key()``, see
 benchmarks/bench_pipeline.py). Slicing new bytes was measured 10-24% faster than reading
 into one reused buffer and copying each member out with ``bytes()`` (photos, 1 KB and
 100 KB members). Members larger than a read are read straight into their ``bytes`` with one
