@@ -134,25 +134,34 @@ class Table:
 # ------------------------------------------------------------ raw reading
 
 
-def read_whole(files: list[str], per_file: int):
-    """Every tar file read whole into one reused buffer: the ceiling of any reader."""
+def read_whole(files: list[str], total: int):
+    """Every tar file read whole into one reused buffer: the ceiling of any reader (it
+    yields ``total``, the samples of all the files, for the rate)."""
     buffer = bytearray(1 << 20)
     view = memoryview(buffer)
     for path in files:
         with open(path, "rb", buffering=0) as stream:
             while stream.readinto(view):
                 pass
-        yield from range(per_file)
+    yield from range(total)
 
 
 def places_index(files: list[str], path: str) -> str:
     """An index of ``files`` with member places (written again when a shard is newer, or its
     places are in an older format)."""
-    if (not os.path.exists(path) or any(os.path.getmtime(f) > os.path.getmtime(path) for f in files)
-            or wd.ShardIndex.load(path).places.format != member_places.FORMAT):
+    if not os.path.exists(path) or any(os.path.getmtime(f) > os.path.getmtime(path) for f in files) \
+            or not _places_current(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         wd.ShardIndex.from_scans(wd.build_index(files, places=True), relative_to=path).save(path)
     return path
+
+
+def _places_current(path: str) -> bool:
+    try:
+        places = wd.ShardIndex.load(path).places
+    except wd.WdsError:  # its places files are gone or unreadable: index again
+        return False
+    return places is not None and places.format == member_places.FORMAT
 
 
 def exact_epochs(index: str, shuffle: bool, views: bool = False):
@@ -323,7 +332,6 @@ def main() -> None:
     raw = {}
     for label, files in (("photos, ~50 KB", photos), *((f"{kb} KB payloads", f) for kb, f in payloads.items())):
         total = count_samples(wd.ShardLister(files).load_tar().group_by_key())
-        per_file = total // len(files)
         index = places_index(files, os.path.join(args.data, "index", f"{label.split(',')[0].replace(' ', '-')}.json"))
         makes = {
             f"ours, {label}: list_shards().load_tar().group_by_key()":
@@ -336,7 +344,7 @@ def main() -> None:
         if litdata is not None:
             folder = litdata_copy(files, os.path.join(args.data, "litdata", f"{label.split(',')[0].replace(' ', '-')}-{total}"))
             makes[f"litdata, {label}: StreamingDataset (its own chunk format)"] = lambda d=folder: litdata.StreamingDataset(d)
-        makes[f"reading the tar files whole, {label}"] = lambda f=files, n=per_file: read_whole(f, n)
+        makes[f"reading the tar files whole, {label}"] = lambda f=files, n=total: read_whole(f, n)
         # In turns: the ratios to reading whole are targets, and the machine's speed moves.
         rates = list(table.interleaved(makes, expect=total, repeats=max(5, args.repeats)).values())
         ours, placed, views, theirs = rates[:4]

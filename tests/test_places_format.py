@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -172,3 +174,54 @@ def test_a_shard_cut_short_under_the_reader_yields_what_it_has_then_names_the_me
             got.append(sample["__key__"])
     assert caught.value.member == "p0-0010.jpg" and caught.value.url.endswith("p-000.tar")
     assert got == [f"p0-{i:04d}" for i in range(10)]  # every sample before the cut one
+
+
+def test_shards_without_places_between_shards_with_them_keep_the_keys_in_step(cased_shards, mixed_pairs, tmp_path,
+                                                                              sized_shards):
+    gz = sized_shards([4], prefix="g", gz=True)
+    shards = [cased_shards[0], *gz, mixed_pairs[0], cased_shards[1]]
+    path = write_index(shards, tmp_path / "index.json", places=True)
+    assert [ShardIndex.load(path).places.has(i) for i in range(4)] == [True, False, True, True]
+    walked = _walked(shards)
+    for shuffle in (False, True):
+        got = list(ExactEpochs(path, batch_size=1, shuffle=shuffle, lanes=2, block=4, views=True))
+        assert _by_key(got) == walked and len(got) == len(walked)
+
+
+def _verify(path: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "wds_datapipes", "verify", path], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_verify_passes_a_format_1_index_and_finds_a_record_pointing_at_another_key(cased_shards, mixed_pairs,
+                                                                                    tmp_path):
+    old = write_index(cased_shards, tmp_path / "old.json", places=True)
+    _as_format_1(old)
+    assert _verify(old).returncode == 0
+    path = write_index(mixed_pairs, tmp_path / "index.json", places=True)
+    assert _verify(path).returncode == 0
+    rows = np.fromfile(tmp_path / "index.places", dtype=member_places.ROW)
+    rows["key"][6] += 2  # sample 3's first member points inside its key: a span from there would cut it
+    rows.tofile(tmp_path / "index.places")
+    bad = _verify(path)
+    assert bad.returncode == 1 and "p-000.tar" in bad.stdout and "member places differ" in bad.stdout
+
+
+def test_a_failed_read_is_an_error_naming_the_member_being_read(mixed_pairs, tmp_path, monkeypatch):
+    path = write_index(mixed_pairs, tmp_path / "index.json", places=True)
+    index = ShardIndex.load(path)
+    monkeypatch.setattr(member_places, "BUFFER_BYTES", 8192)  # several reads in the shard
+    reads = []
+    real = os.pread
+
+    def failing(fd, size, offset):
+        reads.append(offset)
+        if len(reads) == 3:
+            raise OSError(5, "Input/output error")
+        return real(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", failing)
+    span = index.places.span(0, 0, 30)
+    with pytest.raises(wd.ShardReadError, match="Input/output error") as caught:
+        list(span_samples(index, Span(0, 0, 30, False), Limits()))
+    assert caught.value.member == span.name(span.member_at(reads[2])) and caught.value.url.endswith("p-000.tar")

@@ -1,8 +1,8 @@
 """Member places: where each member's bytes lie in its shard, so an index reader skips the headers.
 
 An optional part of a shard index (``python -m wds_datapipes index --places``). For every
-member that belongs to a sample, in shard order: its name, the byte offset of its data and
-its size, and the number of its sample within the shard. With it, :class:`ExactEpochs`
+member that belongs to a sample, in shard order: the byte offset of its data, its size,
+the number of its sample within the shard, and its name (its sample's key and its suffix). With it, :class:`ExactEpochs`
 reads a local shard's samples a megabyte at a time into new ``bytes`` and slices each
 member out of them (its copy; ``views=True``: a memoryview of the read), and parses no tar
 header (1.5-4x the raw rate of ``load_tar().group_by_key()``, see
@@ -322,7 +322,20 @@ class MemberPlaces:
             return self.shards[shard] is None and scanned.names is None
         mine = self.shard_places(shard)
         return (mine.names == scanned.names and np.array_equal(mine.data, scanned.data)
-                and np.array_equal(mine.sizes, scanned.sizes) and np.array_equal(mine.samples, scanned.samples))
+                and np.array_equal(mine.sizes, scanned.sizes) and np.array_equal(mine.samples, scanned.samples)
+                and self._keys_placed(shard))
+
+    def _keys_placed(self, shard: int) -> bool:
+        """Whether each record of shard ``shard`` points at its own sample's key (format 2;
+        a span is read from its first record's key on, so a wrong one mid-shard would cut keys)."""
+        a, b = int(self.firsts[shard]), int(self.firsts[shard + 1])
+        if self.suffixes is None or a == b:
+            return True
+        span = self._span(a, b)
+        lengths = [len(key.encode("utf-8", "surrogateescape")) + 1 for key in span.keys]
+        starts = int(span.rows["key"][0]) + np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]])
+        numbers = span.rows["sample"].astype(np.int64)
+        return bool(np.array_equal(span.rows["key"].astype(np.int64), starts[numbers - numbers[0]]))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -502,7 +515,7 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
             yield sample
     except OSError as exn:
         if offset < 0:
-            raise shard_error(exn, url) from exn
+            raise shard_error(exn, url, offset=0) from exn
         raise shard_error(exn, url, span.name(span.member_at(offset)), offset) from exn
     finally:
         os.close(fd)
