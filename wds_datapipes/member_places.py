@@ -188,8 +188,7 @@ class MemberPlaces:
                 continue
             splits = [split_key(name) for name in shard.names]  # the scan kept names with a key
             samples = np.asarray(shard.samples, dtype=np.int64)
-            firsts = np.flatnonzero(np.diff(samples, prepend=-1)).tolist()  # per sample, its first member
-            encoded = [splits[f][0].encode("utf-8", "surrogateescape") + b"\0" for f in firsts]
+            encoded = [splits[f][0].encode("utf-8", "surrogateescape") + b"\0" for f in _sample_starts(samples)]
             starts = at + np.concatenate([[0], np.cumsum([len(e) for e in encoded], dtype=np.int64)[:-1]])
             at += sum(len(e) for e in encoded)
             part = np.empty(len(splits), dtype=ROW)
@@ -207,10 +206,7 @@ class MemberPlaces:
         entry = self.shards[shard]
         if entry is None:
             return ShardPlaces(None)
-        span = self._span(int(self.firsts[shard]), int(self.firsts[shard + 1]))
-        rows = span.rows
-        return ShardPlaces([span.name(m) for m in range(len(rows))], rows["data"].astype(np.int64),
-                           rows["size"].astype(np.int64), rows["sample"].astype(np.int64), *entry[1:])
+        return _as_scanned(self._span(int(self.firsts[shard]), int(self.firsts[shard + 1])), entry)
 
     # ------------------------------------------------------------ files
 
@@ -311,31 +307,19 @@ class MemberPlaces:
             raise IndexMismatchError(f"member places: {len(names)} names for {len(rows)} members (rows {a} .. "
                                      f"{b - 1}); index again")
         splits = [split_key(name) for name in names]  # the scan kept names with a key
-        starts = np.flatnonzero(np.diff(rows["sample"].astype(np.int64), prepend=-1)).tolist()
         common: dict[str, str] = {}  # one string per distinct field name
-        return SpanPlaces(rows, [splits[f][0] for f in starts], [common.setdefault(f, f) for _, f in splits],
-                    lambda m: names[m][len(splits[m][0]) + 1 :])
+        return SpanPlaces(rows, [splits[f][0] for f in _sample_starts(rows["sample"])],
+                          [common.setdefault(f, f) for _, f in splits], lambda m: names[m][len(splits[m][0]) + 1 :])
 
     def matches(self, shard: int, scanned: ShardPlaces) -> bool:
         """Whether shard ``shard``'s places are those a fresh scan of it found."""
         if self.shards[shard] is None or scanned.names is None:
             return self.shards[shard] is None and scanned.names is None
-        mine = self.shard_places(shard)
+        span = self._span(int(self.firsts[shard]), int(self.firsts[shard + 1]))
+        mine = _as_scanned(span, self.shards[shard])
         return (mine.names == scanned.names and np.array_equal(mine.data, scanned.data)
                 and np.array_equal(mine.sizes, scanned.sizes) and np.array_equal(mine.samples, scanned.samples)
-                and self._keys_placed(shard))
-
-    def _keys_placed(self, shard: int) -> bool:
-        """Whether each record of shard ``shard`` points at its own sample's key (format 2;
-        a span is read from its first record's key on, so a wrong one mid-shard would cut keys)."""
-        a, b = int(self.firsts[shard]), int(self.firsts[shard + 1])
-        if self.suffixes is None or a == b:
-            return True
-        span = self._span(a, b)
-        lengths = [len(key.encode("utf-8", "surrogateescape")) + 1 for key in span.keys]
-        starts = int(span.rows["key"][0]) + np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]])
-        numbers = span.rows["sample"].astype(np.int64)
-        return bool(np.array_equal(span.rows["key"].astype(np.int64), starts[numbers - numbers[0]]))
+                and _keys_in_step(span))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -353,6 +337,30 @@ class MemberPlaces:
                                              "load the index again")
                 state[key] = _map(path, dtype)
         self.__dict__.update(state)
+
+
+def _as_scanned(span: SpanPlaces, entry: tuple[int, int, int]) -> ShardPlaces:
+    """A whole shard's ``span`` as a scan gives its places (``entry``: its count and stamp)."""
+    rows = span.rows
+    return ShardPlaces([span.name(m) for m in range(len(rows))], rows["data"].astype(np.int64),
+                       rows["size"].astype(np.int64), rows["sample"].astype(np.int64), *entry[1:])
+
+
+def _keys_in_step(span: SpanPlaces) -> bool:
+    """Whether each record of ``span`` points at its own sample's key (format 2: a span is
+    read from its first record's key on, so a wrong one mid-shard would cut keys)."""
+    rows = span.rows
+    if "key" not in rows.dtype.names or not len(rows):
+        return True
+    lengths = [len(key.encode("utf-8", "surrogateescape")) + 1 for key in span.keys]
+    starts = int(rows["key"][0]) + np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]])
+    numbers = rows["sample"].astype(np.int64)
+    return bool(np.array_equal(rows["key"].astype(np.int64), starts[numbers - numbers[0]]))
+
+
+def _sample_starts(numbers: np.ndarray) -> list[int]:
+    """Per sample, the index of its first member, from the members' sample numbers."""
+    return np.flatnonzero(np.diff(numbers.astype(np.int64), prepend=-1)).tolist()
 
 
 def _fields(suffixes: list[str]) -> list[str]:
@@ -485,18 +493,14 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
                 span.suffixes[:good], rows["data"].tolist(), rows["size"].tolist(), rows["sample"].tolist(),
                 _read_ends(rows, chunk)):
             if size > chunk:
-                data = os.pread(fd, size, offset)
+                data = read_new(fd, size, offset, views)
                 if len(data) < size:
                     raise _truncated(url, span, offset, len(data), size)
-                if views:
-                    data = memoryview(data)
             else:
                 at = offset - base
                 if at < 0 or at + size > end:
                     base, at = offset, 0
-                    view = os.pread(fd, read_end - offset, offset)  # new bytes: the views handed out keep theirs
-                    if views:
-                        view = memoryview(view)
+                    view = read_new(fd, read_end - offset, offset, views)  # the views handed out keep theirs
                     end = len(view)
                     if end < size:
                         raise _truncated(url, span, offset, end, size)
@@ -521,8 +525,20 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
         os.close(fd)
 
 
+def read_new(fd: int, size: int, offset: int, views: bool) -> bytes | memoryview:
+    """``size`` bytes at ``offset`` in new ``bytes`` (slicing them copies a member: measured
+    faster than a reused buffer and ``bytes()``), a memoryview of them for views."""
+    data = os.pread(fd, size, offset)
+    return memoryview(data) if views else data
+
+
+def truncated(url: ShardUrl, name: str, offset: int, got: int, wanted: int) -> ShardFormatError:
+    """The error for member ``name`` at ``offset``, of which a read got ``got`` of ``wanted`` bytes."""
+    return ShardFormatError(url, name, offset, f"truncated: {got} of {wanted} bytes")
+
+
 def _truncated(url: ShardUrl, span: SpanPlaces, offset: int, got: int, wanted: int) -> ShardFormatError:
-    return ShardFormatError(url, span.name(span.member_at(offset)), offset, f"truncated: {got} of {wanted} bytes")
+    return truncated(url, span.name(span.member_at(offset)), offset, got, wanted)
 
 
 def _stamp(stat: os.stat_result) -> tuple[int, int]:

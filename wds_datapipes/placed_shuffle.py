@@ -35,7 +35,14 @@ from .epoch_plan import ReaderPlan, SpanList
 from .errors import ShardFormatError, shard_error
 from .handlers import EXACT_EPOCH_FLAG
 from .limits import Limits
-from .member_places import bad_members, bad_place, open_placed, places_of_samples, usable_stamp
+from .member_places import (
+    bad_members,
+    bad_place,
+    open_placed,
+    places_of_samples,
+    read_new,
+    usable_stamp,
+)
 from .openers import ShardUrl, local_path
 from .shard_index import ShardIndex
 
@@ -103,7 +110,7 @@ class _Shard:
         return span.name(member - self.firsts[number - self.lo])
 
     def truncated(self, member: int, got: int, wanted: int) -> ShardFormatError:
-        return ShardFormatError(self.url, self.name(member), self.data[member], f"truncated: {got} of {wanted} bytes")
+        return member_places.truncated(self.url, self.name(member), self.data[member], got, wanted)
 
 
 class _PlacedShards:
@@ -155,13 +162,9 @@ class _PlacedShards:
         return sample
 
     def _read(self, s: _Shard, a: int, b: int, low: int, high: int) -> bytes | memoryview:
-        """The shard's bytes ``low`` .. ``high - 1`` (members ``a`` .. ``b - 1``), new bytes
-        (slicing them copies a member: measured faster than a reused buffer and ``bytes()``),
-        a memoryview of them for views."""
+        """The shard's bytes ``low`` .. ``high - 1`` (members ``a`` .. ``b - 1``), as ``read_new`` gives them."""
         try:
-            view = os.pread(s.fd, high - low, low)
-            if self.views:
-                view = memoryview(view)
+            view = read_new(s.fd, high - low, low, self.views)
         except OSError as exn:
             raise shard_error(exn, s.url, s.name(a), low) from exn
         if len(view) < high - low:
@@ -171,12 +174,12 @@ class _PlacedShards:
 
     def _read_member(self, s: _Shard, m: int) -> bytes | memoryview:
         try:
-            field = os.pread(s.fd, s.sizes[m], s.data[m])
+            field = read_new(s.fd, s.sizes[m], s.data[m], self.views)
         except OSError as exn:
             raise shard_error(exn, s.url, s.name(m), s.data[m]) from exn
         if len(field) < s.sizes[m]:
             raise s.truncated(m, len(field), s.sizes[m])
-        return memoryview(field) if self.views else field
+        return field
 
     def _check(self, s: _Shard, a: int, b: int) -> None:
         for m in s.bad:
