@@ -12,7 +12,9 @@ Then times, each row the best of --repeats after a warm-up read (page cache):
    over an index with member places, which reads no tar header), webdataset, LitData (the
    same samples in its own chunk format, written once; where litdata is installed, as
    `make bench` does) and reading the same tar files whole (the ceiling of any reader),
-   per member size, the rows of a size timed in turn at least 5 times;
+   per member size, the rows of a size timed in turn at least 5 times; with them the floor of
+   reading by member places: a bare loop of reads and slices, and the same yielding a dict
+   per sample from a minimal pipe;
 2. vision, one process (CPU time): bytes -> 224x224 uint8 crops in batches of 64, for
    evaluation (resize the short side to 256, centre crop) and training (random-resized
    crop + flip): the bare loop (torchvision.io.decode_jpeg + the transform over bytes in
@@ -62,6 +64,8 @@ from torchvision.transforms import v2 as T
 import wds_datapipes as wd
 from wds_datapipes import member_places
 from wds_datapipes.decoding import decode_image
+from wds_datapipes.openers import local_path
+from wds_datapipes.pipe_base import Pipe
 from wds_datapipes.vision import CenterCrop, RandomResizedCrop
 
 try:
@@ -144,6 +148,51 @@ def read_whole(files: list[str], total: int):
             while stream.readinto(view):
                 pass
     yield from range(total)
+
+
+def bare_places(index_path: str, dicts: bool):
+    """The floor of reading by member places: per shard one ``pread`` per megabyte and a
+    memoryview slice per member, no checks; ``dicts``: a dict per sample too (key, url,
+    fields, pad flag), yielded by a minimal pipe on our base class (torch's iterator hook
+    included), which no DataPipe that yields samples read this way can go below."""
+    index = wd.ShardIndex.load(index_path)
+
+    def samples():
+        for shard, info in enumerate(index.shards):
+            span = index.places.span(shard, 0, info.nsamples)
+            url = index.url(shard)
+            fd = os.open(local_path(url), os.O_RDONLY)
+            view, base, end, sample, current = b"", 0, 0, None, -1
+            keys = iter(span.keys)
+            for field, offset, size, number in zip(span.suffixes, span.rows["data"].tolist(),
+                                                   span.rows["size"].tolist(), span.rows["sample"].tolist()):
+                if offset + size > base + end:
+                    base, view = offset, memoryview(os.pread(fd, 1 << 20, offset))
+                    end = len(view)
+                if dicts:
+                    if number != current:
+                        if sample is not None:
+                            yield sample
+                        current, sample = number, {"__key__": next(keys), "__url__": url, "__pad__": False}
+                    sample[field] = view[offset - base : offset - base + size]
+                else:
+                    view[offset - base : offset - base + size]
+            if sample is not None:
+                yield sample
+                sample = None
+            os.close(fd)
+        if not dicts:
+            yield from range(sum(index.sizes))
+
+    return _BarePipe(samples) if dicts else samples()
+
+
+class _BarePipe(Pipe):
+    def __init__(self, samples: Callable[[], Iterable]):
+        self.samples = samples
+
+    def __iter__(self):
+        yield from self.samples()
 
 
 def places_index(files: list[str], path: str) -> str:
@@ -344,12 +393,16 @@ def main() -> None:
         if litdata is not None:
             folder = litdata_copy(files, os.path.join(args.data, "litdata", f"{label.split(',')[0].replace(' ', '-')}-{total}"))
             makes[f"litdata, {label}: StreamingDataset (its own chunk format)"] = lambda d=folder: litdata.StreamingDataset(d)
+        makes[f"bare loop by member places: a read per MB, a view per member (no dicts), {label}"] = \
+            lambda i=index: bare_places(i, dicts=False)
+        makes[f"bare loop by member places in a minimal pipe, a dict per sample, {label}"] = \
+            lambda i=index: bare_places(i, dicts=True)
         makes[f"reading the tar files whole, {label}"] = lambda f=files, n=total: read_whole(f, n)
         # In turns: the ratios to reading whole are targets, and the machine's speed moves.
         rates = list(table.interleaved(makes, expect=total, repeats=max(5, args.repeats)).values())
         ours, placed, views, theirs = rates[:4]
-        lit, whole = (rates[4], rates[5]) if litdata is not None else (None, rates[4])
-        raw[label] = (ours, placed, views, theirs, lit, whole)
+        lit = rates[4] if litdata is not None else None
+        raw[label] = (ours, placed, views, theirs, lit, *rates[-3:])
 
     jpgs = [s["jpg"] for s in wd.ShardLister(photos).load_tar().group_by_key()]
     print("\n2. vision, one process (CPU time): bytes -> 224x224 uint8 crops, batches of 64")
@@ -435,12 +488,14 @@ def main() -> None:
     print("\nratios [targets]")
     print("  raw: ours = load_tar().group_by_key(); places = ExactEpochs by member places; views = the same, "
           "views=True")
-    for label, (ours, placed, views, theirs, lit, whole) in raw.items():
+    for label, (ours, placed, views, theirs, lit, bare, bare_pipe, whole) in raw.items():
         x_target = " [>= 10x]" if label in ("1 KB payloads", "16 KB payloads") else ""
         whole_target = {"photos, ~50 KB": " [>= 80%]", "100 KB payloads": " [>= 75%]"}.get(label, "")
         print(f"  raw, {label:<16} / webdataset: ours {ours / theirs:4.1f}x{x_target}, places {placed / theirs:4.1f}x, "
               f"views {views / theirs:4.1f}x; / reading whole: ours {ours / whole:4.0%}, places {placed / whole:4.0%}, "
               f"views {views / whole:4.0%}{whole_target}")
+        print(f"  raw, {label:<16} floor / reading whole: bare loop {bare / whole:4.0%}, in a minimal pipe with "
+              f"dicts {bare_pipe / whole:4.0%}; views / that pipe {views / bare_pipe:4.0%}")
         if lit is not None:
             print(f"  raw, {label:<16} / litdata: ours {ours / lit:4.2f}x, places {placed / lit:4.2f}x, "
                   f"views {views / lit:4.2f}x [> 1]; litdata / reading whole {lit / whole:4.0%}")

@@ -177,7 +177,7 @@ def test_places_are_named_in_the_index_and_stay_memory_mapped_through_pickling(m
     data = pickle.dumps(pipe)
     assert len(data) < 20_000
     copy = pickle.loads(data)
-    assert isinstance(copy.index.places.rows, np.memmap)
+    assert isinstance(copy.index.places.rows.base, np.memmap)  # a view of the mapped file, not a copy
     assert _by_key(copy) == _by_key(pipe)
 
 

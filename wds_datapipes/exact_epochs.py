@@ -258,7 +258,8 @@ def read_share(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: in
     if start >= reader.length:
         return
     if not reader.shuffle:
-        yield from _lane_samples(index, spans.slice(start, reader.length), limits, views)
+        for span in spans.slice(start, reader.length):  # not through _lane_samples: a generator less per sample
+            yield from span_samples(index, span, limits, views)
     elif index.places is not None:  # each sample at its place, the lanes from where a shard has none
         yield from shuffled_by_places(index, reader, spans, start, limits or get_limits(), views,
                                       lambda at: _shuffled_lanes(index, reader, spans, at, limits, views))
@@ -303,18 +304,25 @@ def _lane_samples(index: ShardIndex, spans: SpanList, limits: Limits | None, vie
 def span_samples(index: ShardIndex, span: Span, limits: Limits | None = None, views: bool = False) -> Iterator[dict]:
     """The samples ``span.start`` .. ``span.stop - 1`` of one shard, each with its ``__pad__`` flag.
 
-    With offsets in the index, the shard is opened at the span's first sample; without,
-    the samples before it are passed over reading headers only. A shard that has fewer
-    samples, or more, or another size than the index says is an :class:`IndexMismatchError`.
+    By the shard's member places where it has them (their reader is returned as it is: a
+    generator less per sample). Otherwise, with offsets in the index, the shard is opened at
+    the span's first sample; without, the samples before it are passed over reading headers
+    only. A shard that has fewer samples, or more, or another size than the index says is an
+    :class:`IndexMismatchError`.
     """
+    if index.places is not None:
+        info = index.shards[span.shard]
+        samples = read_placed(index.places, span.shard, index.url(span.shard), span.start, span.stop,
+                              info.filesize, limits or get_limits(), {PAD_KEY: span.pad}, views)
+        if samples is not None:
+            return samples  # read_placed checked that its places hold the span's samples
+    return _scanned_span_samples(index, span, limits, views)
+
+
+def _scanned_span_samples(index: ShardIndex, span: Span, limits: Limits | None, views: bool) -> Iterator[dict]:
+    """:func:`span_samples` read by the shard's headers."""
     url = index.url(span.shard)
     info = index.shards[span.shard]
-    if index.places is not None:
-        samples = read_placed(index.places, span.shard, url, span.start, span.stop, info.filesize,
-                              limits or get_limits(), {PAD_KEY: span.pad}, views)
-        if samples is not None:
-            yield from samples  # read_placed checked that its places hold the span's samples
-            return
     offset = index.sample_offset(span.shard, span.start) if span.start else 0
     skip = span.start if offset is None else 0
     to_end = span.stop == info.nsamples  # read to the end of the archive: the count is checked whole
