@@ -172,8 +172,8 @@ class MemberPlaces:
         self.text = text
         self.shards = list(shards)
         self.suffixes = None if suffixes is None else list(suffixes)
-        self.fields = None if suffixes is None else _fields(self.suffixes)
-        self._field_array = None if suffixes is None else np.array(self.fields, dtype=object)
+        # The suffixes' field names (lowercased), an array: a span's are one lookup.
+        self.fields = None if suffixes is None else np.array(_fields(self.suffixes), dtype=object)
         counts = [0 if s is None else s[0] for s in self.shards]
         self.firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         if self.firsts[-1] != len(rows):
@@ -298,7 +298,7 @@ class MemberPlaces:
             raise IndexMismatchError(f"member places: records {a} .. {b - 1} do not match their keys or suffixes; "
                                      "index again")
         suffixes = self.suffixes
-        return SpanPlaces(rows, keys, self._field_array[ids].tolist(), lambda m: suffixes[int(ids[m])])
+        return SpanPlaces(rows, keys, self.fields[ids].tolist(), lambda m: suffixes[int(ids[m])])
 
     def _span_1(self, a: int, b: int, rows: np.ndarray) -> SpanPlaces:
         """Format 1: the names are split here."""
@@ -481,11 +481,12 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
         keys = iter(span.keys)
         bad = bad_members(rows, filesize, limit)
         good = int(bad[0]) if len(bad) else len(rows)  # the members read before the first bad place
-        starts, sizes = rows["data"][:good].tolist(), rows["size"][:good].tolist()
+        kept = rows[:good]
+        starts, sizes = kept["data"].tolist(), kept["size"].tolist()
         last = starts[-1] + sizes[-1] if starts else 0  # no read goes past the last member's end
-        large = rows["data"][:good][rows["size"][:good] > chunk].tolist()  # ... nor into a member read on its own
+        large = kept["data"][kept["size"] > chunk].tolist()  # ... nor into a member read on its own
         alone = None  # a member read on its own
-        for suffix, offset, size, number in zip(span.suffixes, starts, sizes, rows["sample"].tolist()):
+        for suffix, offset, size, number in zip(span.suffixes, starts, sizes, kept["sample"].tolist()):
             at = offset - base
             if not 0 <= at <= end - size:
                 if size > chunk:
