@@ -21,15 +21,16 @@ The cluster is the one ``$AIS_ENDPOINT`` names; :func:`set_endpoint` sets it. Re
 listings retry for :func:`set_retry_budget` seconds without progress (default 60).
 """
 
-from wds_datapipes.openers import register_opener
+from wds_datapipes import register_opener
 
 from .client import AISUrl, endpoint, fast_retry_config, get_client, set_endpoint
 from .compat import AISFileLister, AISFileLoader
 from .dsort import dsort_framework, dsort_shuffle, dsort_spec
 from .errors import AISReadError, DsortError, ETLError, UploadError
 from .listing import AISSourceLister, list_objects
+from .opener import open_ais_url
 from .retry import RetryPolicy, set_retry_budget
-from .streams import AISObjectStream, open_ais_url
+from .streams import AISObjectStream
 from .upload import ShardUploader, upload_file
 from .wds_opener import register_with_webdataset
 

@@ -12,7 +12,7 @@ from urllib.parse import quote
 from aistore.sdk.types import ActionMsg, ListObjectsMsg
 
 from wds_datapipes.errors import ShardOpenError
-from wds_datapipes.shard_listing import SHARD_SUFFIXES, ShardListBase, expand_url_spec
+from wds_datapipes.shards.listing import SHARD_SUFFIXES, ShardListBase, expand_url_spec
 from wds_datapipes.torch_datapipes import IterDataPipe, functional_datapipe
 
 from . import rest
@@ -20,16 +20,13 @@ from .client import AISUrl, endpoint
 from .errors import BROKEN_STREAM, NoAnswer, NodeAnswer, describe_error
 from .nodes import retry_reason, view_of
 from .retry import Attempts, RetryPolicy
+from .sdk_sources import ExactObject, is_sdk_source, specs_of_sources, warn_old_lister_call
 
 _JSON = {"Content-Type": "application/json", "Accept": "application/json"}
 logger = logging.getLogger("aisio")
 
 _BRACE_OR_GLOB = frozenset("{*?[")
 _GLOB_CHARS = frozenset("*?[")
-
-
-class ExactObject(str):
-    """An ``ais://bucket/object`` spec that names one object exactly (not a prefix); it must exist."""
 
 
 def _literal_prefix(name: str) -> str:
@@ -189,19 +186,17 @@ class AISSourceLister(ShardListBase):
         ais_sources: Iterable[Any] | None = None,
         etl_local: type | str | None = None,
     ):
-        from . import compat, local_etl
-
         if urls is not None and not isinstance(urls, str):
             urls = list(urls)
-            if urls and all(compat.is_sdk_source(u) for u in urls):
+            if urls and all(is_sdk_source(u) for u in urls):
                 urls, ais_sources = None, urls  # the old SDK's positional ais_sources
         if ais_sources is not None:
             if urls is not None or bucket is not None:
                 raise ValueError("give ais_sources (the old spelling) or urls / bucket=, not both")
-            specs = compat.specs_of_sources(ais_sources, prefix)
+            specs = specs_of_sources(ais_sources, prefix)
             if suffixes == SHARD_SUFFIXES:
                 suffixes = None  # the old lister listed every object
-            compat.warn_old_lister_call(specs, {"etl_name": etl_name, "etl_args": etl_args}, stacklevel=3)
+            warn_old_lister_call(specs, {"etl_name": etl_name, "etl_args": etl_args}, stacklevel=3)
         elif (urls is None) == (bucket is None):
             raise ValueError("give either urls ('ais://bucket/prefix') or bucket= (and prefix=)")
         elif urls is None:
@@ -218,7 +213,9 @@ class AISSourceLister(ShardListBase):
         for spec in specs:
             AISUrl.parse(spec)  # fail early on a non-ais spec; no I/O
         if etl_local is not None:
-            etl_local = local_etl.class_path(etl_local)
+            from .local_etl import class_path  # only for this case: it loads the SDK's ETL server
+
+            etl_local = class_path(etl_local)
             etl_name = etl_name or etl_local.rpartition(":")[2].rpartition(".")[2]
         if etl_args is not None and not etl_name:
             raise ValueError("etl_args given without etl_name")

@@ -37,6 +37,7 @@ from wds_datapipes.errors import ShardOpenError
 
 from .client import AISUrl, endpoint
 from .errors import ETLError
+from .streams import AISObjectStream
 
 logger = logging.getLogger("aisio")
 
@@ -153,8 +154,6 @@ def open_transformed(url: str, start: int = 0) -> io.RawIOBase:
     Errors of the transform raise :class:`~wds_datapipes.errors.ShardOpenError` naming the
     class, the object and the cause.
     """
-    from .streams import AISObjectStream
-
     aurl = AISUrl.parse(url)
     server = server_for(aurl.etl_local)
     source = AISObjectStream(aurl.plain)

@@ -1,7 +1,6 @@
 """Opening ``ais://`` objects as sequential streams that ride out dropped connections and node faults.
 
-``open_ais_url`` is the core's opener for the ``ais`` scheme (registered by importing
-:mod:`aisio`, or lazily through the ``wds_datapipes.openers`` entry point). It streams
+:class:`AISObjectStream` is what the ``ais`` opener (:mod:`aisio.opener`) reads. It streams
 the object body (no temp file, no subprocess) from ``start`` on. When a request or the
 body fails (a reset, a timeout, a node that died, a "does not exist" while the cluster
 map is changing), the stream asks again from the last byte it returned
@@ -236,24 +235,3 @@ def _skip(reply: rest.Reply, count: int) -> None:
         if not chunk:
             raise ConnectionError(f"the body ended {count} bytes before the position to resume at")
         count -= len(chunk)
-
-
-def open_ais_url(url: str, start: int = 0) -> io.RawIOBase:
-    """Open ``ais://bucket/object[?etl_name=..&etl_args=..[&etl_local=module:Class]]`` for
-    sequential reading from byte ``start`` (the ``ais`` opener).
-
-    The cluster is ``$AIS_ENDPOINT``. Failures raise
-    :class:`~wds_datapipes.errors.ShardOpenError` naming the bucket, object or ETL, the node
-    and its answer; a stream that breaks mid-object resumes from its position. With
-    ``etl_local``, this process runs the ETL class on the object (:mod:`aisio.local_etl`)
-    and ``start`` counts in its output.
-
-    Example:
-        >>> with open_ais_url("ais://train/shard-000000.tar") as stream: head = stream.read(512)
-        >>> with open_ais_url("ais://train/shard-000000.tar", start=1 << 20) as stream: ...
-    """
-    if "etl_local=" in url and AISUrl.parse(url).etl_local:
-        from .local_etl import open_transformed
-
-        return open_transformed(url, start)
-    return AISObjectStream(url, start)

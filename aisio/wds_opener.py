@@ -15,7 +15,7 @@ import io
 import os
 import tempfile
 
-from .streams import open_ais_url
+from .opener import open_ais_url
 from .upload import upload_file
 
 _READ_BUFFER = 1 << 20  # tarfile reads 10 KiB at a time: buffer the raw stream

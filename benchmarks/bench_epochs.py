@@ -26,7 +26,7 @@ import numpy as np
 import webdataset as wds
 
 import wds_datapipes as wd
-from wds_datapipes.epoch_plan import PlanSettings, Segment, plan_epoch
+from wds_datapipes.epochs.plan import PlanSettings, Segment, plan_epoch
 
 BATCH = 64
 

@@ -17,8 +17,8 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 import wds_datapipes as wd
 from wds_datapipes import DecodeError, Limits, get_limits, set_limits
-from wds_datapipes.decoding import check_image_pixels, decode_image
-from wds_datapipes.vision import CenterCrop
+from wds_datapipes.decoding.images import check_image_pixels, decode_image
+from wds_datapipes.decoding.vision import CenterCrop
 
 
 @pytest.fixture

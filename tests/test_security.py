@@ -16,7 +16,7 @@ from PIL import Image
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from wds_datapipes import DecodeError, ShardLister, ShardOpenError
-from wds_datapipes.openers import url_scheme
+from wds_datapipes.shards.openers import url_scheme
 
 # The name of a file a hostile dataset ships: read as a URL, it is a shell command.
 PIPE_NAME = "pipe:touch pwned #.tar"

@@ -8,12 +8,15 @@ Importing this package registers the functional names: ``list_shards``, ``load_t
 it when first used.
 """
 
+from . import _moved
 from .allocator import keep_freed_memory
-from .batch_decoding import BatchDecoder
-from .batching import Batcher, collate
-from .decoding import Decoder
-from .epoch_plan import PlanSettings
-from .epoch_state import EpochState
+from .decoding.batch_decoder import BatchDecoder
+from .decoding.decoder import Decoder
+from .decoding.vision import CenterCrop, RandomResizedCrop
+from .epochs.exact_epochs import ExactEpochs
+from .epochs.index import ShardIndex, ShardInfo, build_index, scan_shard
+from .epochs.plan import PlanSettings
+from .epochs.state import EpochState
 from .errors import (
     DecodeError,
     IndexMismatchError,
@@ -24,23 +27,24 @@ from .errors import (
     ShardReadError,
     WdsError,
 )
-from .exact_epochs import ExactEpochs
-from .fields import FieldMapper, KeyRenamer, TupleMaker
-from .grouping import WebDatasetGrouper, split_key
 from .handlers import ignore_and_continue, reraise_exception, warn_and_continue
 from .limits import Limits, get_limits, set_limits
-from .openers import open_shard, register_opener
-from .shard_index import ShardIndex, ShardInfo, build_index, scan_shard
-from .shard_listing import ShardListBase, ShardLister
-from .shuffling import Shuffler
-from .tar_loader import TarLoader
+from .loaders import hooks  # noqa: F401 - registers state_dict, load_state_dict, set_epoch on every pipe
+from .pipes.batching import Batcher, collate
+from .pipes.fields import FieldMapper, KeyRenamer, TupleMaker
+from .pipes.shuffling import Shuffler
+from .shards.grouping import WebDatasetGrouper, split_key
+from .shards.listing import ShardListBase, ShardLister
+from .shards.openers import open_shard, register_opener
+from .shards.tar_loader import TarLoader
 from .topology import Topology
-from .vision import CenterCrop, RandomResizedCrop
+
+_moved.install()  # the flat layout's module paths (wds_datapipes.tar_reader, ...) keep working
 
 
 def __getattr__(name: str):
     if name == "MultiProcessingReadingService":
-        from .dataloader2_fix import reading_service_class
+        from .loaders.dataloader2 import reading_service_class
 
         return reading_service_class()
     raise AttributeError(f"module 'wds_datapipes' has no attribute {name!r}")

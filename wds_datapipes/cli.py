@@ -3,7 +3,7 @@
 - ``index URLS -o index.json``: count every shard's samples (and where each starts) into a
   shard index; several shards at a time, a progress bar, and a restart that skips the
   shards an interrupted run finished. ``--places`` also records where each member's bytes
-  lie (see :mod:`wds_datapipes.member_places`).
+  lie (see :mod:`wds_datapipes.epochs.places`).
 - ``inspect index.json|URL``: what is in a dataset or a shard, like ``tar tv``: shards,
   samples, fields and their sizes.
 - ``verify index.json``: every shard readable, its samples and size as the index says,
@@ -23,13 +23,13 @@ from importlib.metadata import entry_points
 
 import numpy as np
 
+from .epochs.index import ShardIndex, ShardScan, build_index, check_scan_against, scan_shard
+from .epochs.places import ShardPlaces
 from .errors import WdsError
-from .grouping import group_members
-from .member_places import ShardPlaces
-from .openers import open_shard, url_scheme
-from .shard_index import ShardIndex, ShardScan, build_index, check_scan_against, scan_shard
-from .shard_listing import expand_url_spec, resolve_local
-from .tar_reader import iter_tar_members
+from .shards.grouping import group_members
+from .shards.listing import expand_url_spec, resolve_local
+from .shards.openers import open_shard, url_scheme
+from .tar import iter_tar_members
 
 
 def main(argv: Sequence[str] | None = None) -> int:

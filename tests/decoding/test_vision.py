@@ -1,0 +1,185 @@
+"""The vision stage: image bytes of any size to fixed-size crops, equal to torchvision's transforms."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from builders import write_index
+from PIL import Image
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+import wds_datapipes as wd
+from wds_datapipes.decoding import vision
+from wds_datapipes.decoding.vision import CenterCrop, RandomResizedCrop
+
+tv = pytest.importorskip("torchvision", reason="torchvision is a dependency; missing only on odd stacks")
+T = pytest.importorskip("torchvision.transforms.v2")
+F = T.functional
+
+
+def _photo(seed: int, width: int, height: int, fmt: str = "JPEG", mode: str = "RGB") -> bytes:
+    """Smooth noise upsampled: compresses like a photo."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (max(height // 16, 1), max(width // 16, 1), 3), dtype=np.uint8)
+    image = Image.fromarray(small).resize((width, height), Image.BICUBIC).convert(mode)
+    out = io.BytesIO()
+    image.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+SIZES = [(500, 375), (300, 450), (333, 333), (640, 200), (260, 500), (257, 300)]
+
+
+def _samples(n: int = 12, fmt: str = "JPEG", suffix: str = "jpg") -> list[dict]:
+    return [{"__key__": f"k{i:03d}", "__url__": "mem.tar", suffix: _photo(i, *SIZES[i % len(SIZES)], fmt),
+             "cls": str(i % 10).encode()} for i in range(n)]
+
+
+def _decoded(data: bytes) -> torch.Tensor:
+    return tv.io.decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tv.io.ImageReadMode.RGB)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_center_crop_equals_torchvisions_resize_and_center_crop(threads):
+    samples = _samples()
+    batches = list(IterableWrapper(samples).decode_batches("torchrgb8", batch_size=5, num_threads=threads,
+                                                            transform=CenterCrop(224, 256)))
+    assert [b["jpg"].shape for b in batches] == [(5, 3, 224, 224), (5, 3, 224, 224), (2, 3, 224, 224)]
+    assert all(b["jpg"].is_contiguous() and b["jpg"].dtype == torch.uint8 for b in batches)
+    reference = T.Compose([T.Resize(256, antialias=True), T.CenterCrop(224)])
+    images = torch.cat([b["jpg"] for b in batches])
+    for sample, image in zip(samples, images):
+        assert torch.equal(image, reference(_decoded(sample["jpg"])))
+    assert torch.cat([b["cls"] for b in batches]).tolist() == [i % 10 for i in range(12)]
+
+
+def test_random_resized_crop_equals_torchvisions_with_the_same_draws():
+    transform = RandomResizedCrop(224, seed=5)
+    samples = _samples()
+    (batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=12, num_threads=2,
+                                                       transform=transform)
+    flips = 0
+    for sample, image in zip(samples, batch["jpg"]):
+        decoded = _decoded(sample["jpg"])
+        crop = transform.crop(decoded.shape[1], decoded.shape[2], sample["__key__"], epoch=0)
+        expected = F.resized_crop(decoded, *crop.box, [224, 224], antialias=True)
+        if crop.flip:
+            expected = F.horizontal_flip(expected)
+            flips += 1
+        assert torch.equal(image, expected)
+    assert 0 < flips < 12
+
+
+def test_random_draws_follow_torchvisions_distribution():
+    transform = RandomResizedCrop(224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), seed=1)
+    ours = np.array([transform.crop(400, 600, f"k{i}", 0).box for i in range(4000)])
+    torch.manual_seed(0)
+    image = torch.zeros(3, 400, 600, dtype=torch.uint8)
+    theirs = np.array([T.RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(4000)])
+    for boxes in (ours, theirs):
+        assert (boxes[:, 0] >= 0).all() and (boxes[:, 0] + boxes[:, 2] <= 400).all()
+        assert (boxes[:, 1] + boxes[:, 3] <= 600).all()
+    area = [b[:, 2] * b[:, 3] / (400 * 600) for b in (ours, theirs)]
+    aspect = [b[:, 3] / b[:, 2] for b in (ours, theirs)]
+    assert abs(area[0].mean() - area[1].mean()) < 0.02 and abs(np.median(area[0]) - np.median(area[1])) < 0.03
+    assert abs(aspect[0].mean() - aspect[1].mean()) < 0.02
+    assert 0.45 < np.mean([transform.crop(400, 600, f"k{i}", 0).flip for i in range(2000)]) < 0.55
+
+
+def test_random_crops_change_every_epoch_repeat_with_the_seed_and_ignore_threads():
+    samples = _samples(8)
+
+    def crops(epoch: int, seed: int = 3, threads: int = 0) -> torch.Tensor:
+        dp = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=8, num_threads=threads,
+                                                     transform=RandomResizedCrop(96, seed=seed))
+        dp.set_epoch(epoch)
+        return next(iter(dp))["jpg"]
+
+    assert torch.equal(crops(0), crops(0, threads=2))
+    assert not torch.equal(crops(0), crops(1))
+    assert not torch.equal(crops(0), crops(0, seed=4))
+
+
+def test_pngs_and_greyscale_jpegs_take_the_same_path():
+    samples = _samples(4, fmt="PNG", suffix="png") + [
+        {"__key__": "g", "__url__": "m.tar", "png": _photo(9, 300, 200, "PNG", mode="L"), "cls": b"1"}]
+    (batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=5, transform=CenterCrop(64, 80))
+    assert batch["png"].shape == (5, 3, 64, 64)
+    reference = T.Compose([T.Resize(80, antialias=True), T.CenterCrop(64)])
+    decoded = tv.io.decode_png(torch.frombuffer(bytearray(samples[0]["png"]), dtype=torch.uint8),
+                               mode=tv.io.ImageReadMode.RGB)
+    assert torch.equal(batch["png"][0], reference(decoded))
+
+
+def test_a_corrupt_image_goes_to_the_handler_and_leaves_its_batch_smaller():
+    samples = _samples(6)
+    samples[2]["jpg"] = samples[2]["jpg"][:100]
+    with pytest.raises(wd.DecodeError, match="'k002'.*'jpg'"):
+        list(IterableWrapper(samples).decode_batches("torchrgb8", batch_size=3, transform=CenterCrop(32, 40)))
+    batches = list(IterableWrapper(samples).decode_batches("torchrgb8", batch_size=3, num_threads=2,
+                                                            transform=CenterCrop(32, 40),
+                                                            handler=wd.ignore_and_continue))
+    assert [b["__key__"] for b in batches] == [["k000", "k001"], ["k003", "k004", "k005"]]
+    assert batches[0]["jpg"].shape == (2, 3, 32, 32)
+
+
+def test_a_transform_needs_the_torchrgb8_spec():
+    with pytest.raises(ValueError, match="torchrgb8"):
+        IterableWrapper([]).decode_batches("rgb8", batch_size=2, transform=CenterCrop(32, 40))
+
+
+def test_without_torchvision_pillow_crops_to_the_same_size(monkeypatch):
+    monkeypatch.setattr(vision, "torchvision", None)
+    samples = _samples(4)
+    (batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=4, transform=CenterCrop(64, 80))
+    assert batch["jpg"].shape == (4, 3, 64, 64)
+    reference = T.Compose([T.Resize(80, antialias=True), T.CenterCrop(64)])(_decoded(samples[0]["jpg"]))
+    assert (batch["jpg"][0].float() - reference.float()).abs().mean() < 3  # close, not equal
+
+
+def test_mixed_sizes_without_a_transform_decode_in_the_threads_like_decode():
+    samples = _samples(7)
+    expected = list(IterableWrapper(samples).decode("torchrgb8").batch_samples(7))
+    got = list(IterableWrapper(samples).decode_batches("torchrgb8", batch_size=7, num_threads=2))
+    assert [torch.equal(a, b) for a, b in zip(got[0]["jpg"], expected[0]["jpg"])] == [True] * 7
+
+
+def test_a_resumed_exact_epoch_crops_exactly_as_the_stopped_one(tmp_path):
+    import webdataset as wds
+
+    shards = []
+    for s in range(3):
+        path = str(tmp_path / f"p-{s}.tar")
+        with wds.TarWriter(path) as writer:
+            for i in range(10 + 3 * s):
+                writer.write({"__key__": f"p{s}-{i:03d}", "jpg": _photo(s * 50 + i, *SIZES[i % len(SIZES)]),
+                              "cls": str(i % 10)})
+        shards.append(path)
+    index = write_index(shards, tmp_path / "index.json")
+
+    def pipeline():
+        return (wd.ExactEpochs(index, batch_size=4, seed=2)
+                .decode_batches("torchrgb8", batch_size=4, num_threads=2, transform=RandomResizedCrop(48, seed=7)))
+
+    whole = pipeline()
+    epochs = [[b["jpg"] for b in whole] for _ in range(2)]
+    stopped = pipeline()
+    iterator = iter(stopped)
+    for _ in range(3):
+        next(iterator)
+    resumed = pipeline()
+    resumed.load_state_dict(stopped.state_dict())
+    rest = [b["jpg"] for b in resumed] + [b["jpg"] for b in resumed]
+    assert len(rest) == len(epochs[0]) - 3 + len(epochs[1])
+    assert all(torch.equal(a, b) for a, b in zip(rest, epochs[0][3:] + epochs[1]))
+
+
+def test_an_image_over_the_pixel_limit_is_refused_before_it_is_decoded():
+    samples = _samples(2)
+    dp = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=2, transform=CenterCrop(32, 40),
+                                                 limits=wd.Limits(max_image_pixels=300 * 300))
+    with pytest.raises(wd.DecodeError, match="pixels"):
+        list(dp)

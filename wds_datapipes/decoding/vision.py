@@ -1,0 +1,160 @@
+"""Image bytes to fixed-size uint8 tensors: the crops vision models train and evaluate on.
+
+Two transforms, with torchvision's parameters and semantics:
+
+- :class:`CenterCrop` (evaluation): resize the short side to ``resize`` with antialiasing,
+  then cut the central ``size`` x ``size``; ``Compose([Resize(resize), CenterCrop(size)])``.
+- :class:`RandomResizedCrop` (training): a crop of random area (``scale``) and aspect
+  (``ratio``), resized to ``size`` x ``size``, flipped left-right with probability
+  ``flip``; ``Compose([RandomResizedCrop(size, scale, ratio), RandomHorizontalFlip(flip)])``.
+  Its draws come from the transform's ``seed``, the epoch and the sample's key: they
+  change every epoch, repeat with the seed, and do not depend on the order, the worker or
+  the thread that decodes the sample, so a resumed run crops exactly as the stopped one.
+
+:func:`decode_transform_into` decodes one image and writes the transformed pixels into a
+row of a batch; ``decode_batches(..., transform=...)`` runs it in its thread pool, on images
+of any mix of sizes. With torchvision (``torchvision.io`` decoders, its uint8 antialiased
+resize) the result equals torchvision's own transform of the same decoded image; without
+it, Pillow decodes and resizes (bilinear with its own antialiasing: close, not equal).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import PIL.Image
+import torch
+
+from .images import check_image_pixels
+
+try:
+    import torchvision
+    from torchvision.io import ImageReadMode
+    from torchvision.transforms.v2 import functional as tvf
+except ImportError:  # Pillow is the fallback
+    torchvision = None
+
+__all__ = ["CenterCrop", "Crop", "RandomResizedCrop", "decode_transform_into"]
+
+
+@dataclass(frozen=True)
+class Crop:
+    """What to cut from an image of ``height`` x ``width``: resize the whole image to
+    ``resized`` (height, width) first if given, then take ``box`` (top, left, height, width),
+    resize it to ``out`` (height, width), and mirror it if ``flip``."""
+
+    resized: tuple[int, int] | None
+    box: tuple[int, int, int, int]
+    out: tuple[int, int]
+    flip: bool = False
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Resize the short side to ``resize`` (antialiased), keep the central ``size`` x ``size``."""
+
+    size: int = 224
+    resize: int = 256
+    random = False
+
+    def __post_init__(self):
+        if not 0 < self.size <= self.resize:
+            raise ValueError(f"need 0 < size <= resize, got size={self.size}, resize={self.resize}")
+
+    def crop(self, height: int, width: int, key: str = "", epoch: int = 0) -> Crop:
+        short, long = (width, height) if width <= height else (height, width)
+        new_long = int(self.resize * long / short)  # torchvision's Resize(int) rule
+        new_h, new_w = (new_long, self.resize) if width <= height else (self.resize, new_long)
+        top = round((new_h - self.size) / 2.0)  # torchvision's center_crop
+        left = round((new_w - self.size) / 2.0)
+        return Crop((new_h, new_w), (top, left, self.size, self.size), (self.size, self.size))
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """A random crop of ``scale`` of the area and ``ratio`` of aspect, resized to ``size``
+    x ``size`` (antialiased), mirrored with probability ``flip``; torchvision's algorithm,
+    drawn from (``seed``, epoch, sample key)."""
+
+    size: int = 224
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: float = 0.5
+    seed: int = 0
+    random = True
+
+    def __post_init__(self):
+        if self.size <= 0 or not 0 < self.scale[0] <= self.scale[1] or not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"bad RandomResizedCrop settings: {self}")
+        if not 0 <= self.flip <= 1:
+            raise ValueError(f"flip is a probability, got {self.flip}")
+
+    def crop(self, height: int, width: int, key: str = "", epoch: int = 0) -> Crop:
+        rng = random.Random(f"{self.seed}/{epoch}/{key}")
+        area = height * width
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):  # torchvision's RandomResizedCrop.get_params
+            target = area * rng.uniform(*self.scale)
+            aspect = math.exp(rng.uniform(*log_ratio))
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                top, left = rng.randint(0, height - h), rng.randint(0, width - w)
+                break
+        else:  # fallback to a central crop
+            in_ratio = width / height
+            if in_ratio < self.ratio[0]:
+                w, h = width, round(width / self.ratio[0])
+            elif in_ratio > self.ratio[1]:
+                h, w = height, round(height * self.ratio[1])
+            else:
+                w, h = width, height
+            top, left = (height - h) // 2, (width - w) // 2
+        return Crop(None, (top, left, h, w), (self.size, self.size), rng.random() < self.flip)
+
+
+def apply_crop(image: torch.Tensor, crop: Crop) -> torch.Tensor:
+    """``crop`` applied to a uint8 CxHxW tensor with torchvision's functions (antialiased resize)."""
+    if crop.resized is not None:
+        image = tvf.resize(image, list(crop.resized), antialias=True)
+    top, left, h, w = crop.box
+    image = image[:, top : top + h, left : left + w]
+    if (h, w) != crop.out:
+        image = tvf.resize(image, list(crop.out), antialias=True)
+    return tvf.horizontal_flip(image) if crop.flip else image
+
+
+def decode_transform_into(data: bytes, formats: tuple[str, ...], transform, key: str, epoch: int,
+                          row: torch.Tensor, max_pixels: int) -> None:
+    """Decodes image bytes (as one of ``formats``), transforms them, writes them into ``row``
+    (3xSxS uint8); an image of more than ``max_pixels`` is refused from its header."""
+    check_image_pixels(data, formats, max_pixels)
+    if torchvision is not None and formats in (("JPEG",), ("PNG",)):
+        writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
+        encoded = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)  # torch warns on read-only
+        decode = torchvision.io.decode_jpeg if formats == ("JPEG",) else torchvision.io.decode_png
+        image = decode(encoded, mode=ImageReadMode.RGB)
+        row.copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
+        return
+    with io.BytesIO(data) as stream:
+        picture = PIL.Image.open(stream, formats=formats)
+        picture.load()
+    picture = picture.convert("RGB")
+    crop = transform.crop(picture.height, picture.width, key, epoch)
+    if torchvision is not None:
+        image = torch.from_numpy(np.array(picture)).permute(2, 0, 1)  # a writable copy, as torch wants
+        row.copy_(apply_crop(image, crop))
+        return
+    row.copy_(torch.from_numpy(np.array(_pillow_crop(picture, crop))).permute(2, 0, 1))
+
+
+def _pillow_crop(picture: PIL.Image.Image, crop: Crop) -> PIL.Image.Image:
+    if crop.resized is not None:
+        picture = picture.resize((crop.resized[1], crop.resized[0]), PIL.Image.BILINEAR)
+    top, left, h, w = crop.box
+    picture = picture.resize((crop.out[1], crop.out[0]), PIL.Image.BILINEAR, box=(left, top, left + w, top + h))
+    return picture.transpose(PIL.Image.FLIP_LEFT_RIGHT) if crop.flip else picture

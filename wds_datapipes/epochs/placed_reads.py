@@ -1,0 +1,199 @@
+"""Reading samples by their member places: a megabyte at a time, no tar header parsed.
+
+:func:`read_placed` reads a local shard's samples a megabyte at a time into new ``bytes``
+and slices each member out of them (its copy; ``views=True``: a memoryview of the read),
+and parses no tar header (1.5-4x the raw rate of ``load_tar().group_by_key()``, see
+benchmarks/bench_pipeline.py). Slicing new bytes was measured 10-24% faster than reading
+into one reused buffer and copying each member out with ``bytes()`` (photos, 1 KB and
+100 KB members). Members larger than a read are read straight into their ``bytes`` with one
+``pread``; for smaller ones that was measured slower (100 KB members: 61k against 71k
+samples/s). The checks every reader by places shares (a shard's stamp, the places of a
+span, a bad place, a short read) live here too; a shuffled share is read by
+:mod:`.placed_shuffle`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..errors import IndexMismatchError, ShardFormatError, ShardOpenError, shard_error
+from ..limits import Limits
+from ..shards.openers import ShardUrl, local_path, url_scheme
+from .places import MemberPlaces, SpanPlaces, stat_stamp
+
+logger = logging.getLogger("wds_datapipes")
+
+BUFFER_BYTES = 1 << 20  # runs of members up to this size are read at once, larger members on their own
+_warned: set[str] = set()  # shards whose stale places were reported in this process
+
+
+def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: int, filesize: int | None,
+                limits: Limits, last_fields: dict | None = None, views: bool = False) -> Iterator[dict] | None:
+    """The samples ``start`` .. ``stop - 1`` of shard ``shard`` (dicts as ``group_by_key``
+    makes them, ``last_fields`` set on each), read by their places; None where the shard has
+    none or changed since they were taken (then read its headers).
+
+    ``views``: fields are memoryviews of the ``bytes`` of each read (one copy per member),
+    not copies of their own."""
+    stamp = usable_stamp(places, shard, url, filesize)
+    if stamp is None:
+        return None
+    span = places_of_samples(places, shard, url, start, stop)
+    return _placed_samples(local_path(url), ShardUrl.opened(url), span, stamp, limits, last_fields or {}, views)
+
+
+def usable_stamp(places: MemberPlaces, shard: int, url: str, filesize: int | None) -> tuple[int, int] | None:
+    """The (size, mtime_ns) of shard ``shard`` where it can be read by its places; None where
+    it has none, is not a local file, or was modified since they were taken (said once per
+    shard and process). A missing shard, or one of another size than the index says, raises."""
+    if places.shards[shard] is None or url_scheme(url) != "file":
+        return None
+    try:
+        stamp = stat_stamp(os.stat(local_path(url)))
+    except OSError as exn:
+        raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
+    if filesize is not None and stamp[0] != filesize:
+        raise IndexMismatchError(f"shard {url!r} has {stamp[0]} bytes, the index says {filesize}: "
+                                 "it changed since it was indexed; index it again")
+    if stamp != places.stamp(shard):
+        if url not in _warned:  # once per shard and process, not once per span
+            _warned.add(url)
+            logger.warning("shard %r was modified since its member places were taken (its modification time "
+                           "differs); reading its headers instead. Index it again to read it by places.", url)
+        return None
+    return stamp
+
+
+def places_of_samples(places: MemberPlaces, shard: int, url: str, start: int, stop: int) -> SpanPlaces:
+    """The places of samples ``start`` .. ``stop - 1``, checked to hold those samples."""
+    span = places.span(shard, start, stop)
+    if not _numbered(span.rows["sample"], start, stop):
+        raise IndexMismatchError(f"shard {url!r}: its member places do not hold samples {start} .. {stop - 1} "
+                                 "that the index counts; index it again")
+    return span
+
+
+def open_placed(path: str, url: ShardUrl, stamp: tuple[int, int]) -> int:
+    """A descriptor of the shard at ``path``, checked to be the file its places were taken from."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exn:
+        raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
+    try:
+        opened = stat_stamp(os.fstat(fd))
+    except OSError as exn:
+        os.close(fd)
+        raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
+    if opened != stamp:
+        os.close(fd)
+        raise IndexMismatchError(f"shard {url!r} changed while it was opened; read it again")
+    return fd
+
+
+def bad_members(rows: np.ndarray, filesize: int, limit: int) -> np.ndarray:
+    """The indices of ``rows`` whose place is over ``limit`` bytes or past the end of a
+    ``filesize``-byte file (no sum that could wrap: the records may be corrupt)."""
+    data, size = rows["data"], rows["size"]
+    return np.flatnonzero((size > limit) | (data > filesize) | (size > filesize - np.minimum(data, filesize)))
+
+
+def bad_place(url: ShardUrl, name: str, offset: int, size: int, filesize: int, limit: int) -> ShardFormatError:
+    """The error for a member :func:`bad_members` picked: over the size limit or past the file's end."""
+    return ShardFormatError(url, name, offset, f"its place says {size} bytes at byte {offset}: "
+                            + ("more than the limit of Limits.max_member_bytes" if size > limit
+                               else f"past the end of the {filesize}-byte file"))
+
+
+def _numbered(numbers: np.ndarray, start: int, stop: int) -> bool:
+    """Whether the members' sample numbers run through ``start`` .. ``stop - 1``, each a run."""
+    if not len(numbers):
+        return stop <= start
+    steps = np.diff(numbers.astype(np.int64))
+    return numbers[0] == start and numbers[-1] == stop - 1 and bool(((steps == 0) | (steps == 1)).all())
+
+
+def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int, int], limits: Limits,
+                    last_fields: dict, views: bool) -> Iterator[dict]:
+    """The samples of ``span``: members sliced out of reads of up to a megabyte (one read for
+    a run of small members, a member larger than that read on its own), grouped by the sample
+    numbers the scan gave them (one loop: a generator less per member).
+
+    A member is checked against the read it falls in, and only a member outside it (about one
+    in twenty photos) asks whether it is large: the fewest steps per member."""
+    fd = open_placed(path, url, stamp)
+    rows = span.rows
+    offset = -1
+    try:
+        filesize = stamp[0]
+        chunk = BUFFER_BYTES
+        view = b""
+        base = end = 0  # the file's bytes [base, base + end) are in view
+        limit = limits.max_member_bytes
+        sample: dict | None = None
+        current = -1
+        keys = iter(span.keys)
+        bad = bad_members(rows, filesize, limit)
+        good = int(bad[0]) if len(bad) else len(rows)  # the members read before the first bad place
+        kept = rows[:good]
+        starts, sizes = kept["data"].tolist(), kept["size"].tolist()
+        last = starts[-1] + sizes[-1] if starts else 0  # no read goes past the last member's end
+        large = kept["data"][kept["size"] > chunk].tolist()  # ... nor into a member read on its own
+        alone = None  # a member read on its own
+        for suffix, offset, size, number in zip(span.suffixes, starts, sizes, kept["sample"].tolist()):
+            at = offset - base
+            if not 0 <= at <= end - size:
+                if size > chunk:
+                    alone = read_new(fd, size, offset, views)
+                    if len(alone) < size:
+                        raise _truncated(url, span, offset, len(alone), size)
+                    at = -1
+                else:
+                    base, at = offset, 0
+                    stop = min(offset + chunk, last)
+                    if large:
+                        after = bisect.bisect_right(large, offset)
+                        stop = min(stop, large[after]) if after < len(large) else stop
+                    view = read_new(fd, stop - offset, offset, views)  # the views handed out keep theirs
+                    end = len(view)
+                    if end < size:
+                        raise _truncated(url, span, offset, end, size)
+            if number != current:
+                if sample is not None:
+                    sample.update(last_fields)
+                    yield sample
+                current = number
+                sample = {"__key__": next(keys), "__url__": url}
+            sample[suffix] = view[at : at + size] if at >= 0 else alone  # a copy of its own, or a view (views)
+        if good < len(rows):  # the sample it is in is not yielded
+            raise bad_place(url, span.name(good), int(rows["data"][good]), int(rows["size"][good]), filesize, limit)
+        if sample is not None:
+            sample.update(last_fields)
+            yield sample
+    except OSError as exn:
+        if offset < 0:
+            raise shard_error(exn, url, offset=0) from exn
+        raise shard_error(exn, url, span.name(span.member_at(offset)), offset) from exn
+    finally:
+        os.close(fd)
+
+
+def read_new(fd: int, size: int, offset: int, views: bool) -> bytes | memoryview:
+    """``size`` bytes at ``offset`` in new ``bytes`` (slicing them copies a member: measured
+    faster than a reused buffer and ``bytes()``), a memoryview of them for views."""
+    data = os.pread(fd, size, offset)
+    return memoryview(data) if views else data
+
+
+def truncated(url: ShardUrl, name: str, offset: int, got: int, wanted: int) -> ShardFormatError:
+    """The error for member ``name`` at ``offset``, of which a read got ``got`` of ``wanted`` bytes."""
+    return ShardFormatError(url, name, offset, f"truncated: {got} of {wanted} bytes")
+
+
+def _truncated(url: ShardUrl, span: SpanPlaces, offset: int, got: int, wanted: int) -> ShardFormatError:
+    return truncated(url, span.name(span.member_at(offset)), offset, got, wanted)
+

@@ -1,0 +1,159 @@
+"""Reading a reader's share of an exact epoch, in the plan's order.
+
+In order, a share is its spans read one after the other; shuffled, its lanes are read
+side by side and yielded block by block (:class:`~.plan.ReaderPlan`), or, over an index
+with member places, sample by sample at their places (:mod:`.placed_shuffle`). One span
+is read by its member places where the shard has them, else through its tar headers,
+entered at the span's first sample with one seek or Range request where the index has
+offsets. A shard that no longer matches the index raises :class:`IndexMismatchError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..errors import IndexMismatchError
+from ..handlers import EXACT_EPOCH_FLAG
+from ..limits import Limits, get_limits
+from ..shards.grouping import group_members, split_key
+from ..shards.openers import ShardUrl, open_shard, stream_size
+from ..tar import iter_tar_members
+from .index import ShardIndex
+from .placed_reads import read_placed
+from .placed_shuffle import shuffled_by_places
+from .plan import ReaderPlan
+from .spans import Span, SpanList
+
+PAD_KEY = EXACT_EPOCH_FLAG
+
+
+def read_share(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: int,
+               limits: Limits | None = None, views: bool = False) -> Iterator[dict]:
+    """The samples of one reader's share, from output position ``start``, in the plan's order."""
+    if start >= reader.length:
+        return
+    if not reader.shuffle:
+        for span in spans.slice(start, reader.length):  # not through _lane_samples: a generator less per sample
+            yield from span_samples(index, span, limits, views)
+    elif index.places is not None:  # each sample at its place, the lanes from where a shard has none
+        yield from shuffled_by_places(index, reader, spans, start, limits or get_limits(), views,
+                                      lambda at: _shuffled_lanes(index, reader, spans, at, limits, views))
+    else:
+        yield from _shuffled_lanes(index, reader, spans, start, limits, views)
+
+
+def _shuffled_lanes(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: int, limits: Limits | None,
+                    views: bool) -> Iterator[dict]:
+    """A shuffled share read lane by lane in shard order, each block held and yielded in its order."""
+    if start >= reader.length:
+        return
+    first_block = start // reader.block_size
+    taken = reader.taken_per_lane(start)
+    lanes = [_lane_samples(index, spans.slice(a + t, b), limits, views)
+             for (a, b), t in zip(reader.lane_bounds(), taken)]
+    try:
+        for q in range(first_block, reader.blocks):
+            members = reader.block_rows(q)
+            by_lane: dict[int, list[dict]] = {}
+            for lane, _ in members:
+                by_lane.setdefault(lane, []).append(next(lanes[lane]))
+            seen = dict.fromkeys(by_lane, 0)
+            samples = []
+            for lane, _ in members:
+                samples.append(by_lane[lane][seen[lane]])
+                seen[lane] += 1
+            order = reader.block_order(q, len(samples))
+            skip = start - q * reader.block_size if q == first_block else 0
+            for i in order[skip:].tolist():
+                yield samples[i]
+    finally:
+        for lane in lanes:
+            lane.close()
+
+
+def _lane_samples(index: ShardIndex, spans: SpanList, limits: Limits | None, views: bool) -> Iterator[dict]:
+    for span in spans:
+        yield from span_samples(index, span, limits, views)
+
+
+def span_samples(index: ShardIndex, span: Span, limits: Limits | None = None, views: bool = False) -> Iterator[dict]:
+    """The samples ``span.start`` .. ``span.stop - 1`` of one shard, each with its ``__pad__`` flag.
+
+    By the shard's member places where it has them (their reader is returned as it is: a
+    generator less per sample). Otherwise, with offsets in the index, the shard is opened at
+    the span's first sample; without, the samples before it are passed over reading headers
+    only. A shard that has fewer samples, or more, or another size than the index says is an
+    :class:`IndexMismatchError`.
+    """
+    if index.places is not None:
+        info = index.shards[span.shard]
+        samples = read_placed(index.places, span.shard, index.url(span.shard), span.start, span.stop,
+                              info.filesize, limits or get_limits(), {PAD_KEY: span.pad}, views)
+        if samples is not None:
+            return samples  # read_placed checked that its places hold the span's samples
+    return _scanned_span_samples(index, span, limits, views)
+
+
+def _scanned_span_samples(index: ShardIndex, span: Span, limits: Limits | None, views: bool) -> Iterator[dict]:
+    """:func:`span_samples` read by the shard's headers."""
+    url = index.url(span.shard)
+    info = index.shards[span.shard]
+    offset = index.sample_offset(span.shard, span.start) if span.start else 0
+    skip = span.start if offset is None else 0
+    to_end = span.stop == info.nsamples  # read to the end of the archive: the count is checked whole
+    stream = open_shard(url, start=offset or 0, limits=limits)
+    try:
+        size = stream_size(stream)
+        if info.filesize is not None and size is not None and size != info.filesize:
+            raise IndexMismatchError(f"shard {url!r} has {size} bytes, the index says {info.filesize}: "
+                                     "it changed since it was indexed; index it again")
+        opened = ShardUrl.opened(url)
+        skipper = _SampleSkipper(skip) if skip else None
+        members = iter_tar_members(stream, opened, start=offset or 0, skip_data=skipper, limits=limits)
+        taken = 0
+        for sample in group_members(opened, _kept(members) if skipper else members):
+            if taken == len(span):
+                if to_end:
+                    raise IndexMismatchError(f"shard {url!r} has more than {info.nsamples} samples, the index "
+                                             f"says {info.nsamples}: it changed since it was indexed; index it again")
+                return  # the next sample's first member was read; the rest of the shard is not
+            sample[PAD_KEY] = span.pad
+            if views:
+                for field, value in sample.items():
+                    if isinstance(value, bytes):
+                        sample[field] = memoryview(value)
+            yield sample
+            taken += 1
+        skipped = min(skipper.samples, skip) if skipper else 0
+        if taken < len(span) or skipped < skip:
+            raise IndexMismatchError(f"shard {url!r} ends after {span.start - skip + skipped + taken} samples, "
+                                     f"the index says {info.nsamples}: it changed since it was indexed; index it again")
+    finally:
+        stream.close()
+
+
+def _kept(members: Iterator[tuple[str, bytes | None]]) -> Iterator[tuple[str, bytes]]:
+    """The members after the skipped ones (whose bytes are None)."""
+    for name, data in members:
+        if data is not None:
+            yield name, data
+
+
+class _SampleSkipper:
+    """``skip_data`` for the tar reader: True for the members of the first ``count`` samples."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.samples = 0  # samples passed over so far
+        self.key: str | None = None
+
+    def __call__(self, name: str) -> bool:
+        if self.samples > self.count:
+            return False
+        split = split_key(name)
+        if split is None:
+            return True
+        if split[0] != self.key:
+            self.key = split[0]
+            self.samples += 1
+        return self.samples <= self.count

@@ -1,0 +1,226 @@
+"""Listing shard URLs, shuffling them per epoch, and splitting them between workers and ranks."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Iterable, Iterator
+
+from braceexpand import braceexpand
+
+from ..errors import NoShardsError
+from ..pipe_base import Pipe
+from ..topology import EpochSeed, ShardingRecord, loader_worker
+from ..torch_datapipes import (
+    SHARDING_PRIORITIES,
+    IterDataPipe,
+    ShardingFilterIterDataPipe,
+    functional_datapipe,
+)
+from .openers import LocalPath, local_path, url_scheme
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tzst")
+_GLOB_CHARS = frozenset("*?[")
+_VARIABLE = re.compile(r"\$\{(\w+)\}")
+
+
+def expand_url_spec(spec: str) -> list[str]:
+    """Expand one URL spec into shard URLs, without touching the filesystem.
+
+    ``::`` joins several specs (as in webdataset); in each, ``${NAME}`` becomes the
+    environment variable ``WDS_NAME`` (webdataset's rule, also inside a variable's value),
+    then braces are expanded (``train-{000..009}.tar``). Globs and directories are
+    expanded later, by :func:`resolve_local`, because that needs I/O.
+    """
+    urls: list[str] = []
+    for part in spec.split("::"):
+        part = _substitute_variables(part.strip())
+        if part:
+            urls.extend(braceexpand(part))
+    return urls
+
+
+def _substitute_variables(spec: str) -> str:
+    for _ in range(10):  # webdataset's bound on variables whose values hold variables
+        expanded = _VARIABLE.sub(_variable_value, spec)
+        if expanded == spec:
+            return spec
+        spec = expanded
+    return spec
+
+
+def _variable_value(match: re.Match) -> str:
+    name = "WDS_" + match.group(1)
+    if name not in os.environ:
+        raise ValueError(f"shard spec: {match.group(0)} needs the environment variable {name}, which is not set")
+    return os.environ[name]
+
+
+def resolve_local(url: str) -> list[str]:
+    """A local glob becomes its sorted matches, a directory its sorted shard files.
+
+    What the filesystem returns comes back as :class:`LocalPath`: a found name is never
+    read as a URL or a ``pipe:`` command. A path with glob characters that names an
+    existing file (``shard[1].tar``) is that file, as webdataset (which never globs) reads it.
+    """
+    if url_scheme(url) != "file":
+        return [url]
+    path = local_path(url)
+    prefix = url[: len(url) - len(path)]  # "file://" stays on what it expands to
+    if _GLOB_CHARS.intersection(path):
+        if os.path.isfile(path):
+            return [url]
+        return [LocalPath(match, prefix) for match in sorted(glob.glob(path))]
+    if os.path.isdir(path):
+        names = sorted(n for n in os.listdir(path) if n.endswith(SHARD_SUFFIXES))
+        return [LocalPath(os.path.join(path, n), prefix) for n in names]
+    return [url]
+
+
+class _ExpandedUrls(Pipe[str]):
+    """Yields the shard URLs that strings (or a pipe of strings) expand to."""
+
+    def __init__(self, specs: str | Iterable[str] | IterDataPipe):
+        self.specs = [specs] if isinstance(specs, str) else specs
+
+    def __iter__(self) -> Iterator[str]:
+        for spec in self.specs:
+            if not isinstance(spec, str):
+                raise TypeError(f"shard specs must be strings, got {type(spec).__name__}: {spec!r}")
+            for url in expand_url_spec(spec):
+                yield from resolve_local(url)
+
+
+class _SeededOrder(Pipe[str]):
+    """Yields all its source's URLs, in a new seeded order each epoch when ``shuffle``.
+
+    It sits before the ShardingFilter, so DataLoader2 gives it the seed it shares with
+    every worker and rank, and the split stays a partition.
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[str], shuffle: bool, seed: int | None):
+        self.source_datapipe = source_datapipe
+        self.shuffle_order = shuffle  # not ``shuffle``: that name is torch's .shuffle() pipe
+        self.seeds = EpochSeed(seed)
+        self.user_seed_only = False  # set when ranks split without a loader that shares seeds
+
+    def set_seed(self, seed: int) -> _SeededOrder:
+        self.seeds.set_seed(seed)
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        self.seeds.epoch = epoch
+
+    def __iter__(self) -> Iterator[str]:
+        urls = list(self.source_datapipe)
+        rng = self.seeds.next_rng(user_seed_only=self.user_seed_only)
+        if self.shuffle_order:
+            rng.shuffle(urls)
+        yield from urls
+
+
+class ShardListBase(Pipe[str]):
+    """Shared machinery of the shard listers: order, shuffle and split of shard URLs.
+
+    Ranks split the list under every loader: where no loader splits by rank
+    (DataLoader2 without a DistributedReadingService, or no loader at all), the lister
+    does it from ``torch.distributed`` or ``RANK``/``WORLD_SIZE``.
+    """
+
+    def __init__(self, urls: IterDataPipe[str], *, shuffle: bool, seed: int | None, allow_empty: bool):
+        self.shuffle_shards = shuffle  # not ``shuffle``: that name is torch's .shuffle() pipe
+        self.allow_empty = allow_empty
+        self._order = _SeededOrder(urls, shuffle, seed)
+        # torch's own ShardingFilter takes the loaders' apply_sharding calls (worker and
+        # rank groups), and marks the point before which DataLoader2 shares seeds.
+        self.sharded = ShardingFilterIterDataPipe(self._order)
+        self._ranks = ShardingRecord()  # captures the process group's rank when pickled
+
+    def __iter__(self) -> Iterator[str]:
+        self._split_where_no_loader_does()
+        count = 0
+        for url in self.sharded:
+            count += 1
+            yield url
+        if count == 0 and not self.allow_empty:
+            raise NoShardsError(self._empty_message())
+
+    def _split_where_no_loader_does(self) -> None:
+        groups = self.sharded.groups
+        if SHARDING_PRIORITIES.DEFAULT in groups:
+            return  # DataLoader's rank-and-worker split
+        worker = loader_worker()  # a DataLoader that applies no split: datasets that are not torch DataPipes
+        if SHARDING_PRIORITIES.MULTIPROCESSING not in groups and worker is not None and worker[1] > 1:
+            self.sharded.apply_sharding(worker[1], worker[0], SHARDING_PRIORITIES.MULTIPROCESSING)
+        if SHARDING_PRIORITIES.DISTRIBUTED in groups:
+            return  # a DistributedReadingService
+        where = self._ranks.resolve()
+        rank, world = where.rank, where.world
+        if world == 1:
+            return
+        if self.shuffle_shards and self._order.seeds.seed is None:
+            raise ValueError(
+                f"{type(self).__name__}: {world} ranks read with no loader that shares seeds between them "
+                "(DataLoader2 without DistributedReadingService, or no loader), so they cannot agree on a "
+                "shuffled shard order: pass seed= to the lister, or use "
+                "SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))"
+            )
+        self._order.user_seed_only = True
+        self.sharded.apply_sharding(world, rank, SHARDING_PRIORITIES.DISTRIBUTED)
+
+    def _empty_message(self) -> str:
+        parts = self.sharded.num_of_instances
+        if parts > 1:
+            return (
+                f"{type(self).__name__}: this worker/rank (part {self.sharded.instance_id} of "
+                f"{parts}) got no shard: use at least as many shards as workers x ranks, "
+                "or pass allow_empty=True"
+            )
+        return f"{type(self).__name__}: no shard URL matched {self._describe_source()}"
+
+    def _describe_source(self) -> str:
+        return "the given specs"
+
+    def __len__(self) -> int:
+        raise TypeError(f"{type(self).__name__} has no length until it is listed")
+
+
+@functional_datapipe("list_shards")
+class ShardLister(ShardListBase):
+    """Yields shard URLs: expanded, optionally shuffled per epoch, this worker's share (functional name: ``list_shards``).
+
+    Args:
+        urls: a URL spec, a list of them, or a DataPipe yielding them. A spec may use
+            braces (``train-{000000..000099}.tar``), ``::`` to join several specs,
+            ``${NAME}`` for the environment variable ``WDS_NAME`` (as in webdataset), local
+            globs, a directory (its .tar, .tar.gz/.tgz, .tar.bz2, .tar.xz, .tar.zst files),
+            ``file://``, ``http(s)://``, ``pipe:CMD`` or any scheme a plugin registers
+            (``ais://`` with aisio).
+        shuffle: shuffle the shard order; it changes each epoch and is the same in
+            every worker and rank, so the split stays a partition.
+        seed: makes the order repeat across runs (it is mixed with the loader's seed
+            where a loader gives one: seed that too, e.g. ``DataLoader2.seed(n)``).
+        allow_empty: let a worker or rank with no shard yield nothing instead of raising
+            :class:`NoShardsError`.
+
+    Under ``DataLoader2`` / ``DataLoader`` each worker and rank reads whole, distinct
+    shards (round-robin over the, possibly shuffled, list).
+
+    Example:
+        >>> dp = ShardLister("data/train-{000..009}.tar", shuffle=True, seed=0)
+    """
+
+    def __init__(
+        self,
+        urls: str | Iterable[str] | IterDataPipe,
+        *,
+        shuffle: bool = False,
+        seed: int | None = None,
+        allow_empty: bool = False,
+    ):
+        self.specs = urls
+        super().__init__(_ExpandedUrls(urls), shuffle=shuffle, seed=seed, allow_empty=allow_empty)
+
+    def _describe_source(self) -> str:
+        return repr(self.specs) if not isinstance(self.specs, IterDataPipe) else "the source pipe"
