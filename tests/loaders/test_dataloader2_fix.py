@@ -141,3 +141,13 @@ def test_an_untested_torchdata_keeps_its_own_loop_with_a_warning(monkeypatch):
         assert communication.iter._IterateQueueDataPipes.__name__ == "_IterateQueueDataPipes"
     finally:
         dataloader2_fix._fixed_loop_class.cache_clear()
+
+
+def test_without_dataloader2_the_service_says_what_to_use_instead(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchdata.dataloader2", None)  # as on torchdata >= 0.10
+    dataloader2_fix.reading_service_class.cache_clear()
+    try:
+        with pytest.raises(ImportError, match="torchdata 0.10 removed it.*DataLoader or .*StatefulDataLoader"):
+            wd.MultiProcessingReadingService  # noqa: B018
+    finally:
+        dataloader2_fix.reading_service_class.cache_clear()

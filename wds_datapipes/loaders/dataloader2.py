@@ -42,9 +42,23 @@ def _quiet_import_dataloader2():
     """torchdata.dataloader2, imported without its deprecation banner (it is said once, in our docs)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"(?s).*'datapipes', 'dataloader2' modules are deprecated")
-        from torchdata import dataloader2
-        from torchdata.dataloader2 import communication, reading_service
+        try:
+            from torchdata import dataloader2
+            from torchdata.dataloader2 import communication, reading_service
+        except ImportError as exn:
+            raise ImportError(f"MultiProcessingReadingService is DataLoader2's, which torchdata {_torchdata_version()} "
+                              "does not have (torchdata 0.10 removed it): use torch.utils.data.DataLoader or "
+                              "torchdata.stateful_dataloader.StatefulDataLoader, or torchdata<=0.9") from exn
     return dataloader2, communication, reading_service
+
+
+def _torchdata_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("torchdata")
+    except Exception:  # noqa: BLE001 - only for a message
+        return "(not installed)"
 
 
 @functools.cache
@@ -156,7 +170,7 @@ def reading_service_class() -> type:
 
     class MultiProcessingReadingService(reading_service.MultiProcessingReadingService):
         """torchdata's ``MultiProcessingReadingService`` whose main process takes turns only among
-        live workers, so workers may yield different numbers of items (wds_datapipes.dataloader2_fix).
+        live workers, so workers may yield different numbers of items (wds_datapipes.loaders.dataloader2).
 
         ``worker_prefetch_cnt`` and ``main_prefetch_cnt`` default to 0, not torchdata's 10:
         the consumer loop keeps a request in flight at every worker, so each worker makes its
