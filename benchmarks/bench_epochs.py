@@ -3,7 +3,8 @@
     python benchmarks/bench_epochs.py [--shards 64] [--per-shard 500] [--sample-kb 8]
 
 1. Planning: the plan of one rank over 100,000 shards of 10,000 samples (10^9 samples),
-   and after a topology change mid-epoch: time and peak memory (tracemalloc).
+   and after a topology change mid-epoch: time and peak memory (tracemalloc); the same for
+   a mixture of 100 sources of 1,000 such shards each, in each batching.
 2. Resuming: time to the first batch of a new pipeline loaded with a state at 10% and at
    90% of an epoch, with member places (each sample read at its place), with the index's
    sample offsets (one seek per lane) and without them (tar headers walked, payloads
@@ -26,6 +27,7 @@ import numpy as np
 import webdataset as wds
 
 import wds_datapipes as wd
+from wds_datapipes.epochs.mixture import MixSettings, epoch_windows, plan_mixture
 from wds_datapipes.epochs.plan import PlanSettings, Segment, plan_epoch
 
 BATCH = 64
@@ -44,23 +46,55 @@ def make_shards(folder: str, shards: int, per_shard: int, sample_kb: int) -> lis
     return paths
 
 
+def measured(work):
+    """(seconds, peak bytes, result) of ``work()``: the time of a run without tracing (which
+    slows Python code about twice), the peak of a traced one."""
+    start = time.perf_counter()
+    result = work()
+    elapsed = time.perf_counter() - start
+    tracemalloc.start()
+    work()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return elapsed, peak, result
+
+
+HISTORIES = (("plain epoch", ()), ("after a topology change", (Segment(8, 4, (10**7,) * 4),)))
+
+
 def bench_planning() -> None:
     print("1. planning one rank's epoch: 100,000 shards x 10,000 samples (10^9 samples)")
     sizes = np.full(100_000, 10_000)
     settings = PlanSettings(seed=1, batch_size=BATCH)
-    for label, history in (("plain epoch", ()), ("after a topology change", (Segment(8, 4, (10**7,) * 4),))):
-        tracemalloc.start()
-        start = time.perf_counter()
-        plan = plan_epoch(sizes, settings, 3, 8, 4, history)
-        spans = plan.reader_spans(5, 2)
-        reader = plan.reader(5, 2)
-        first_block = reader.block_positions(0)
-        elapsed = time.perf_counter() - start
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+    for label, history in HISTORIES:
+        def work(history=history):
+            plan = plan_epoch(sizes, settings, 3, 8, 4, history)
+            reader = plan.reader(5, 2)
+            return plan.reader_spans(5, 2), reader, reader.block_positions(0)
+
+        elapsed, peak, (spans, reader, first_block) = measured(work)
         print(f"   {label:<26} {elapsed * 1000:7.1f} ms, peak {peak / 1e6:6.1f} MB "
               f"(8 ranks x 4 workers; reader 5/2: {reader.length:,} samples, {len(list(spans)):,} spans, "
               f"first block {len(first_block)})")
+
+
+def bench_mixture_planning() -> None:
+    print("1b. planning one rank's epoch of a mixture: 100 sources, 100,000 shards x 10,000 samples in all")
+    sizes = [np.full(1000, 10_000) for _ in range(100)]
+    weights = tuple(float(w) for w in np.random.default_rng(0).uniform(0.1, 1.0, 100).round(3))
+    for batching in ("random", "stratified", "per_source"):
+        settings = MixSettings(names=tuple(f"source-{k}" for k in range(100)), weights=weights,
+                               samples_per_epoch=10**9, batching=batching, seed=1, batch_size=BATCH)
+        for label, history in HISTORIES:
+            def work(settings=settings, history=history):
+                windows = epoch_windows(settings, [int(s.sum()) for s in sizes], 3)
+                reader = plan_mixture(sizes, settings, 3, windows, 8, 4, history).reader(5, 2)
+                return reader, next(reader.sources(0))
+
+            elapsed, peak, (reader, first) = measured(work)
+            print(f"   {batching:<10} {label:<26} {elapsed * 1000:7.1f} ms, peak {peak / 1e6:6.1f} MB "
+                  f"(reader 5/2: {reader.length:,} samples from {sum(len(s) > 0 for s in reader.spans)} sources, "
+                  f"first run {len(first)})")
 
 
 def time_to_first_batch(index: str, state: wd.EpochState) -> float:
@@ -129,6 +163,7 @@ def main() -> None:
     os.makedirs(args.data, exist_ok=True)
     print(f"machine: {os.cpu_count()} cores, {sys.platform}, python {sys.version.split()[0]}")
     bench_planning()
+    bench_mixture_planning()
     shards = make_shards(args.data, args.shards, args.per_shard, args.sample_kb)
     print(f"data: {args.shards} shards x {args.per_shard} samples of {args.sample_kb} KB")
     bench_resume(args.data, shards, args.repeats)

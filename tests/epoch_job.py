@@ -2,8 +2,9 @@
 
     python tests/epoch_job.py --index I --loader direct|dataloader|dataloader2|stateful --out OUT [...]
 
-It reads ``--epochs`` epochs of ``ExactEpochs(...).batch_samples(B)`` (no model) and writes
-every batch's keys and pad flags to OUT as JSON. With ``--stop-after K`` it stops after K
+It reads ``--epochs`` epochs of ``ExactEpochs(...).batch_samples(B)`` (no model), or with
+``--mix SPEC`` (a JSON file of MixedEpochs' arguments: sources, weights, batching, ...) of
+``MixedEpochs(...)``, and writes every batch's keys, pad flags (and sources) to OUT as JSON. With ``--stop-after K`` it stops after K
 batches and writes a checkpoint (``--state-out``); ``--state-in`` resumes from one. With
 ``--dist`` it joins a gloo process group from torch's env:// variables and all-reduces after
 every batch, as DDP does, so ranks with unequal batch counts would hang.
@@ -22,7 +23,13 @@ from torch.utils.data import DataLoader
 import wds_datapipes as wd
 
 
-def build(args) -> tuple[wd.ExactEpochs | None, object]:
+def build(args) -> tuple[wd.ExactEpochs | wd.MixedEpochs | None, object]:
+    if args.mix:
+        with open(args.mix) as f:
+            spec = json.load(f)
+        source = wd.MixedEpochs(spec.pop("sources"), batch_size=args.batch, mode=args.mode, shuffle=bool(args.shuffle),
+                                seed=7, lanes=args.lanes, block=args.block, **spec)
+        return source, source.batch_samples(args.batch)
     if args.pipeline == "lister":  # shards listed and split by rank, without an index
         dp = wd.ShardLister(args.index, shuffle=True, seed=7, allow_empty=True).load_tar().group_by_key()
         return None, dp.map(_with_pad_flag).batch_samples(args.batch)
@@ -58,7 +65,8 @@ def make_loader(args, dp):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--index", required=True)
+    parser.add_argument("--index", help="the index (or a shard glob with --pipeline lister)")
+    parser.add_argument("--mix", help="a JSON file of MixedEpochs' arguments, instead of --index")
     parser.add_argument("--loader", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--workers", type=int, default=0)
@@ -106,7 +114,10 @@ def main() -> None:
                 if args.dist and source is not None:
                     step = torch.ones(1)
                     dist.all_reduce(step)  # every rank must take part in every step
-                batches.append([list(batch["__key__"]), batch["__pad__"].tolist()])
+                record = [list(batch["__key__"]), batch["__pad__"].tolist()]
+                if "__source__" in batch:
+                    record.append(list(batch["__source__"]))
+                batches.append(record)
                 in_epoch += 1
                 done += 1
                 if done == args.stop_after:

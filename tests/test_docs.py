@@ -2,7 +2,8 @@
 
 A page's blocks run in order in one fresh process (later blocks use what earlier ones
 defined), in a folder holding ``data/train-{000000..000099}.tar`` (small JPEGs with a
-class) and ``data/index.json`` made by the README's own ``index`` command. A block is
+class) and ``data/index.json`` made by the README's own ``index`` command, and three
+indexed sources for the mixing page (``data/web``, ``data/books``, ``data/curated``). A block is
 skipped only where the comment before it says so: ``<!-- not run: REASON -->``, or
 ``<!-- run: needs MODULE -->`` where that module cannot be imported (DataLoader2 on the
 newest stack).
@@ -103,6 +104,14 @@ def docs_data(tmp_path_factory) -> Path:
     command = [sys.executable, "-m", "wds_datapipes", "index", "data/train-{000000..000099}.tar", "--places",
                "-o", "data/index.json"]
     subprocess.run(command, cwd=root, check=True, capture_output=True, timeout=120)
+    for name, shards, per_shard in (("web", 10, 30), ("books", 4, 25), ("curated", 1, 20)):  # docs/mixing.md's
+        (root / "data" / name).mkdir()
+        for shard in range(shards):
+            with wds.TarWriter(str(root / "data" / name / f"{name}-{shard:04d}.tar")) as writer:
+                for i in range(per_shard):
+                    writer.write({"__key__": f"{name}{shard}-{i}", "jpg": _jpeg(rng), "cls": str(i % 10)})
+        command = [sys.executable, "-m", "wds_datapipes", "index", f"data/{name}/", "-o", f"data/{name}/index.json"]
+        subprocess.run(command, cwd=root, check=True, capture_output=True, timeout=120)
     return root
 
 

@@ -141,7 +141,7 @@ def test_no_module_is_longer_than_a_reader_can_hold(name):
 def test_the_checks_above_would_see_a_circle_and_an_upward_import():
     """The graph these tests read is the real one: known edges are in it."""
     assert "wds_datapipes.tar" in GRAPH["wds_datapipes.shards.tar_loader"]
-    assert "wds_datapipes.epochs.exact_epochs" in GRAPH["wds_datapipes.loaders.hooks"]
+    assert "wds_datapipes.epochs.epoch_pipe" in GRAPH["wds_datapipes.loaders.hooks"]
     assert "aisio.local_etl" in GRAPH["aisio.listing"]  # a lazy import counts too
     assert _room("wds_datapipes.epochs.plan") == "epochs" and _room("wds_datapipes.topology") == "basics"
 

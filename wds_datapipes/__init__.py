@@ -3,7 +3,7 @@
 Importing this package registers the functional names: ``list_shards``, ``load_tar``,
 ``group_by_key``, ``decode``, ``decode_batches``, ``shuffle_samples``, ``batch_samples``, ``to_tuple``,
 ``rename_keys``, ``map_fields``; and, on every DataPipe, ``state_dict``, ``load_state_dict`` and
-``set_epoch``, which reach an :class:`ExactEpochs` upstream. It imports no torchdata:
+``set_epoch``, which reach an :class:`ExactEpochs` or :class:`MixedEpochs` upstream. It imports no torchdata:
 ``wds_datapipes.MultiProcessingReadingService`` (DataLoader2's, with a fixed worker loop) imports
 it when first used.
 """
@@ -15,6 +15,7 @@ from .decoding.decoder import Decoder
 from .decoding.vision import CenterCrop, RandomResizedCrop
 from .epochs.exact_epochs import ExactEpochs
 from .epochs.index import ShardIndex, ShardInfo, build_index, scan_shard
+from .epochs.mixed_epochs import MixedEpochs
 from .epochs.plan import PlanSettings
 from .epochs.state import EpochState
 from .errors import (
@@ -32,6 +33,7 @@ from .limits import Limits, get_limits, set_limits
 from .loaders import hooks  # noqa: F401 - registers state_dict, load_state_dict, set_epoch on every pipe
 from .pipes.batching import Batcher, collate
 from .pipes.fields import FieldMapper, KeyRenamer, TupleMaker
+from .pipes.mixing import RandomMix
 from .pipes.shuffling import Shuffler
 from .shards.grouping import WebDatasetGrouper, split_key
 from .shards.listing import ShardListBase, ShardLister
@@ -62,9 +64,11 @@ __all__ = [
     "IndexMismatchError",
     "KeyRenamer",
     "Limits",
+    "MixedEpochs",
     "MultiProcessingReadingService",
     "NoShardsError",
     "PlanSettings",
+    "RandomMix",
     "RandomResizedCrop",
     "SampleError",
     "ShardFormatError",

@@ -194,6 +194,7 @@ def test_the_plan_modules_need_no_torch():
             "    sys.modules[name] = types.ModuleType(name)\n"
             "    sys.modules[name].__path__ = [path]\n"
             "import wds_datapipes.epochs.plan, wds_datapipes.epochs.spans, wds_datapipes.epochs.state\n"
+            "import wds_datapipes.epochs.mixture, wds_datapipes.epochs.orders\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

@@ -3,28 +3,23 @@
 Each epoch follows the plan of :mod:`wds_datapipes.epochs.plan`: every rank yields the same
 number of batches, every sample comes once (``drop``) or at least once with the repeats
 flagged (``pad``), and a stopped run resumes exactly where it stopped, on the same or
-another topology. This module keeps the epochs, the loaders' hooks and the state; :mod:`.reading` reads
-what the plan says.
+another topology. The loaders' hooks, the epochs and the state are :mod:`.epoch_pipe`'s; :mod:`.reading`
+reads what the plan says.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
-from ..limits import Limits, get_limits
-from ..pipe_base import Pipe
-from ..topology import EpochClock, ShardingRecord, Topology, loader_worker
-from ..torch_datapipes import HAVE_TORCH_DATAPIPES
+from ..limits import Limits
+from .epoch_pipe import EpochPipe, Run
 from .index import ShardIndex
-from .plan import EpochPlan, PlanSettings, plan_epoch
-from .reading import read_share
-from .state import EpochState, ResumePoint, check_settings, epoch_finished, resume_point
-
-logger = logging.getLogger("wds_datapipes")
+from .plan import PlanSettings, Segment, plan_epoch
+from .reading import check_shards, read_share
+from .state import EpochState
 
 
-class ExactEpochs(Pipe[dict]):
+class ExactEpochs(EpochPipe):
     """Yields this rank's and worker's raw samples of each epoch, by an exact, resumable plan.
 
     A source pipe: it takes a :class:`~wds_datapipes.epochs.index.ShardIndex` (or its
@@ -89,152 +84,23 @@ class ExactEpochs(Pipe[dict]):
         views: bool = False,
     ):
         self.index = index if isinstance(index, ShardIndex) else ShardIndex.load(index, allow_pipe=allow_pipe)
-        self.settings = PlanSettings(seed=seed, batch_size=batch_size, mode=mode, shuffle=shuffle,
-                                     samples_per_epoch=samples_per_epoch, lanes=lanes, block=block)
-        self._where = ShardingRecord(rank, world_size)
-        self.limits = limits or get_limits()
-        self.views = views
-        self._clock = EpochClock()
-        self._resume: EpochState | None = None
-        self._run: _Run | None = None
+        settings = PlanSettings(seed=seed, batch_size=batch_size, mode=mode, shuffle=shuffle,
+                                samples_per_epoch=samples_per_epoch, lanes=lanes, block=block)
+        super().__init__(settings, rank, world_size, limits, views)
 
-    @property
-    def batch_size(self) -> int:
-        return self.settings.batch_size
+    def _plan(self, epoch: int, world: int, workers: int, history: tuple[Segment, ...] = (),
+              state: EpochState | None = None):
+        return plan_epoch(self.index.sizes, self.settings, epoch, world, workers, history)
 
-    @property
-    def mode(self) -> str:
-        return self.settings.mode
-
-    @property
-    def seed(self) -> int:
-        return self.settings.seed
-
-    # ------------------------------------------------------------ the loaders' hooks
-
-    def apply_sharding(self, num_instances: int, instance_id: int, sharding_group=None) -> None:
-        self._where.apply(num_instances, instance_id, sharding_group)
-
-    def set_seed(self, seed: int) -> ExactEpochs:
-        """Called by the loaders once per epoch: it marks the epoch's start (the seed is not used)."""
-        if self._resume is not None and self._resume.worker is not None and self._worker_state_at_end():
-            # A StatefulDataLoader whose saved iterator had finished drops it and starts a new
-            # one (a new epoch): the new seed comes between our load_state_dict and the start.
-            self._clock.set_epoch(self._resume.epoch + 1)
-            self._resume = None
-        self._clock.on_set_seed(seed)
-        return self
-
-    def _worker_state_at_end(self) -> bool:
-        state = self._resume
-        plan = plan_epoch(self.index.sizes, self.settings, state.epoch, state.world, state.workers, state.history)
-        return state.taken[0] >= plan.split.worker_sizes[state.worker]
-
-    def set_epoch(self, epoch: int) -> ExactEpochs:
-        """The next epoch to read (DistributedSampler's convention); call it before each epoch."""
-        self._clock.set_epoch(epoch)
-        return self
-
-    # ------------------------------------------------------------ reading
-
-    def __iter__(self) -> Iterator[dict]:
-        run = self._start()
-        self._run = run
+    def _read(self, run: Run) -> Iterator[dict]:
         rank, worker = run.topology.rank, run.plan_worker
-        yield from read_share(self.index, run.plan.reader(rank, worker), run.plan.reader_spans(rank, worker),
-                              run.start, self.limits, self.views)
+        spans = run.plan.reader_spans(rank, worker)
+        check_shards(self.index, spans)
+        yield from read_share(self.index, run.plan.reader(rank, worker), spans, run.start, self.limits, self.views)
 
-
-    def _start(self) -> _Run:
-        fresh_copy = self._run is None
-        epoch = self._clock.start()
-        # A DataLoader worker's copy that is new this epoch: the count it got from the main
-        # process is wrong (seeded twice per epoch there), or missing (no DataPipes in torch).
-        unreliable = epoch > 0 or not HAVE_TORCH_DATAPIPES
-        if fresh_copy and self._clock.counted and unreliable and loader_worker() is not None:
-            raise RuntimeError(
-                "ExactEpochs cannot count epochs in DataLoader workers that are new copies each epoch "
-                "(persistent_workers=False): call dp.set_epoch(epoch) before each epoch, as with "
-                "DistributedSampler, or pass persistent_workers=True"
-            )
-        where = self._where.resolve()
-        point = ResumePoint((), 0)
-        state, self._resume = self._resume, None
-        if state is not None and state.epoch == epoch:
-            point = resume_point(state, self.index.sizes, self.settings, where.world, where.workers,
-                                 where.rank, where.worker)
-        elif state is not None and state.epoch > epoch:
-            self._resume = state  # for a later start (this copy's clock is behind the state's epoch)
-        plan = plan_epoch(self.index.sizes, self.settings, epoch, where.world, where.workers, point.history)
-        if where.rank == 0 and where.worker == 0 and (plan.split.dropped or plan.split.padded):
-            logger.info("exact epoch %d: %d samples dropped, %d repeated as pads, to give %d ranks %d samples each",
-                        epoch, plan.split.dropped, plan.split.padded, where.world, plan.split.rank_samples)
-        return _Run(epoch, where, plan, point)
-
-    def __len__(self) -> int:
-        """Samples this rank yields in an epoch (one that is not resumed)."""
-        return self._rank_split().rank_samples
-
-    @property
-    def batches_per_epoch(self) -> int:
-        """Batches of ``batch_size`` this rank yields in an epoch (one that is not resumed), the
-        same on every rank and for any number of workers: the steps of a training epoch."""
-        return self._rank_split().rank_batches
-
-    def _rank_split(self):
-        where = self._where.resolve()
-        return plan_epoch(self.index.sizes, self.settings, self._clock.next_epoch(), where.world, 1).split
-
-    # ------------------------------------------------------------ state
-
-    def state_dict(self) -> dict:
-        """The position after the samples this pipe has yielded (when it is the last pipe;
-        a pipe built on it answers for the items it yielded, see :func:`~wds_datapipes.loaders.hooks.pipeline_state_dict`)."""
-        return self.state_at(self._number_of_samples_yielded).to_dict()
-
-    def load_state_dict(self, state: Mapping | EpochState) -> None:
-        """Resume at ``state`` when the next epoch starts (see :class:`EpochState`)."""
-        state = EpochState.from_dict(state)
-        check_settings(state, self.settings)
-        if epoch_finished(state, self.index.sizes, self.settings, self._where.resolve().world):
-            self._resume = None
-            self._clock.set_epoch(state.epoch + 1)
-        else:
-            self._resume = state
-            self._clock.set_epoch(state.epoch)
-
-    def state_at(self, samples: int) -> EpochState:
-        """This reader's state once ``samples`` of its current epoch's samples were consumed
-        (counted from where this epoch's iteration started)."""
-        run = self._run
-        if run is None or self._clock.pending():  # between epochs: the next one, from its start
-            run = self._next_run()
-            samples = 0
-        where = run.topology
-        share = run.plan.split.worker_sizes[run.plan_worker]
-        return EpochState(epoch=run.epoch, taken=(min(run.point.taken + samples, share),), world=where.world,
-                          workers=where.workers, rank=where.rank, worker=run.plan_worker,
-                          rotation=run.point.rotation, history=run.point.history, settings=self.settings)
-
-    def _next_run(self) -> _Run:
-        """The run the next start would begin (without starting it)."""
-        where = self._where.resolve()
-        epoch = self._clock.next_epoch()
-        point = ResumePoint((), 0)
-        if self._resume is not None and self._resume.epoch == epoch:
-            point = resume_point(self._resume, self.index.sizes, self.settings, where.world, where.workers,
-                                 where.rank, where.worker)
-        plan = plan_epoch(self.index.sizes, self.settings, epoch, where.world, where.workers, point.history)
-        return _Run(epoch, where, plan, point)
-
-
-class _Run:
-    """The epoch a reader is reading: its plan, its place, and where it started."""
-
-    def __init__(self, epoch: int, topology: Topology, plan: EpochPlan, point: ResumePoint):
-        self.epoch, self.topology, self.plan, self.point = epoch, topology, plan, point
-        self.plan_worker = (topology.worker + point.rotation) % topology.workers
-
-    @property
-    def start(self) -> int:
-        return self.point.taken
+    def _accept(self, state: EpochState) -> None:
+        if state.mixture is not None:
+            raise ValueError("this is a mixture's state (MixedEpochs'); ExactEpochs reads one dataset")
+        if state.settings is not None and state.settings != self.settings:
+            raise ValueError(f"the state was saved with other plan settings ({state.settings}) than this "
+                             f"pipe's ({self.settings}): seed, batch_size, mode, shuffle, lanes and block must match")

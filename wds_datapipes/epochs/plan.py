@@ -45,7 +45,8 @@ MODES = ("drop", "pad")
 _SHARD_ORDER, _BLOCK_ORDER = 0x5A4D, 0xB10C
 
 
-def _rng(*key: int) -> np.random.Generator:
+def rng(*key: int) -> np.random.Generator:
+    """The generator of one decision, keyed by integers (a domain tag first, then seed, epoch, ...)."""
     return np.random.default_rng([k & 0xFFFFFFFFFFFFFFFF for k in key])
 
 
@@ -56,7 +57,7 @@ def shard_order(n_shards: int, seed: int, pass_index: int, shuffle: bool) -> np.
     """The order of the shards in one pass over the data: a permutation drawn from (seed, pass)."""
     if not shuffle:
         return np.arange(n_shards, dtype=np.int64)
-    return _rng(_SHARD_ORDER, seed, pass_index).permutation(n_shards)
+    return rng(_SHARD_ORDER, seed, pass_index).permutation(n_shards)
 
 
 def pass_sequence(sizes: Sequence[int], seed: int, pass_index: int, shuffle: bool) -> SpanList:
@@ -76,16 +77,24 @@ def epoch_sequence(sizes: Sequence[int], seed: int, epoch: int, shuffle: bool,
     """
     if samples_per_epoch is None:
         return pass_sequence(sizes, seed, epoch, shuffle)
-    total = int(np.sum(np.asarray(sizes, dtype=np.int64)))
     if samples_per_epoch < 1:
         raise ValueError(f"samples_per_epoch must be at least 1, got {samples_per_epoch}")
+    return stream_window(sizes, seed, shuffle, epoch * samples_per_epoch, samples_per_epoch)
+
+
+def stream_window(sizes: Sequence[int], seed: int, shuffle: bool, start: int, length: int) -> SpanList:
+    """Samples ``start`` .. ``start + length - 1`` of the endless run of passes 0, 1, 2, ...
+    over the shards, each pass in its own order."""
+    total = int(np.sum(np.asarray(sizes, dtype=np.int64)))
+    if length <= 0:
+        return SpanList([], [], [])
     if total == 0:
-        raise ValueError("samples_per_epoch needs at least one sample in the shards")
-    first, stop = epoch * samples_per_epoch, (epoch + 1) * samples_per_epoch
+        raise ValueError("an epoch of samples needs at least one sample in the shards")
+    stop = start + length
     parts = []
-    for pass_index in range(first // total, (stop - 1) // total + 1):
+    for pass_index in range(start // total, (stop - 1) // total + 1):
         base = pass_index * total
-        parts.append(pass_sequence(sizes, seed, pass_index, shuffle).slice(first - base, stop - base))
+        parts.append(pass_sequence(sizes, seed, pass_index, shuffle).slice(start - base, stop - base))
     return SpanList.join(parts)
 
 
@@ -145,14 +154,11 @@ def next_worker(rank_batches_taken: int, sizes: Sequence[int], batch_size: int) 
 
 
 @dataclass(frozen=True)
-class Split:
-    """An epoch's sequence cut between ``world`` ranks of ``workers`` workers each.
+class Shares:
+    """How an epoch of positions is cut between ``world`` ranks of ``workers`` workers each:
+    rank ``r``'s worker ``w`` reads positions :meth:`reader_range` of the epoch's order
+    (pads included, the dropped remainder excluded)."""
 
-    ``sequence`` holds the positions the readers read (pads included, the dropped
-    remainder excluded); rank ``r``'s worker ``w`` reads :meth:`reader_range`.
-    """
-
-    sequence: SpanList
     world: int
     workers: int
     batch_size: int
@@ -165,40 +171,64 @@ class Split:
         start = rank * self.rank_samples + sum(self.worker_sizes[:worker])
         return start, start + self.worker_sizes[worker]
 
-    def reader_spans(self, rank: int, worker: int) -> SpanList:
-        return self.sequence.slice(*self.reader_range(rank, worker))
-
     @property
     def rank_batches(self) -> int:
         return sum(-(-n // self.batch_size) for n in self.worker_sizes)
 
 
-def split_epoch(sequence: SpanList, world: int, workers: int, batch_size: int, mode: str = "drop") -> Split:
-    """Cuts ``sequence`` so that every rank gets the same number of samples and batches.
+def split_shares(total: int, world: int, workers: int, batch_size: int, mode: str = "drop",
+                 whole_batches: bool = False) -> Shares:
+    """Cuts ``total`` positions so that every rank gets the same number of samples and batches.
 
-    ``drop``: each rank gets ``len // world`` samples; the last ``len % world`` positions
-    are left out (every sample at most once). ``pad``: each rank gets
-    ``ceil(len / world)``; the missing positions repeat the sequence from its start, and
-    are marked ``pad`` (every sample at least once).
+    ``drop``: each rank gets ``total // world`` samples; the last ``total % world``
+    positions are left out (every sample at most once). ``pad``: each rank gets
+    ``ceil(total / world)``; the missing positions are repeats (every sample at least
+    once). ``whole_batches``: ranks get whole batches only (what is left out or repeated
+    is then up to ``world`` batches).
     """
     for name, value in (("world", world), ("workers", workers), ("batch_size", batch_size)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    total = len(sequence)
+    unit = batch_size if whole_batches else 1
+    units = total // unit if mode == "drop" else -(-total // unit)
+    per_rank = (units // world if mode == "drop" else -(-units // world)) * unit
+    kept = per_rank * world
+    return Shares(world, workers, batch_size, per_rank, worker_sizes(per_rank, workers, batch_size),
+                  max(kept - total, 0), max(total - kept, 0))
+
+
+@dataclass(frozen=True)
+class Split(Shares):
+    """An epoch's sequence cut between ranks and workers: ``sequence`` holds the positions
+    the readers read (pads included, the dropped remainder excluded)."""
+
+    sequence: SpanList = None
+
+    def reader_spans(self, rank: int, worker: int) -> SpanList:
+        return self.sequence.slice(*self.reader_range(rank, worker))
+
+
+def split_epoch(sequence: SpanList, world: int, workers: int, batch_size: int, mode: str = "drop") -> Split:
+    """Cuts ``sequence`` by :func:`split_shares`: ``drop`` leaves out its last positions,
+    ``pad`` repeats it from its start, the repeats marked ``pad``."""
+    shares = split_shares(len(sequence), world, workers, batch_size, mode)
+    kept = shares.rank_samples * world
     if mode == "drop":
-        per_rank, padded = total // world, 0
-        dropped = total - per_rank * world
-        sequence = sequence.slice(0, per_rank * world)
-    else:
-        per_rank = -(-total // world)
-        padded, dropped = per_rank * world - total, 0
-        if padded:
-            repeats = [sequence] * (padded // total) + [sequence.slice(0, padded % total)]
-            sequence = SpanList.join([sequence] + [r.as_pads() for r in repeats])
-    return Split(sequence, world, workers, batch_size, per_rank,
-                 worker_sizes(per_rank, workers, batch_size), padded, dropped)
+        sequence = sequence.slice(0, kept)
+    elif shares.padded:
+        sequence = SpanList.join([sequence, repeated(sequence, shares.padded).as_pads()])
+    return Split(**{f: getattr(shares, f) for f in Shares.__dataclass_fields__}, sequence=sequence)
+
+
+def repeated(sequence: SpanList, count: int) -> SpanList:
+    """The first ``count`` positions of ``sequence`` repeated end to end (as often as needed)."""
+    total = len(sequence)
+    if count and not total:
+        raise ValueError("cannot repeat an empty sequence")
+    return SpanList.join([sequence] * (count // total) + [sequence.slice(0, count % total)]) if count else \
+        SpanList([], [], [])
 
 
 # ---------------------------------------------------------------- step 3: a reader's order
@@ -256,7 +286,7 @@ class ReaderPlan:
         """The order in which block ``q``'s ``size`` members are yielded."""
         if not self.shuffle:
             return np.arange(size)
-        return _rng(_BLOCK_ORDER, *self.key, q).permutation(size)
+        return rng(_BLOCK_ORDER, *self.key, q).permutation(size)
 
     def block_positions(self, q: int) -> list[int]:
         """The share positions of block ``q``, in the order they are yielded."""
@@ -313,12 +343,17 @@ class PlanSettings:
     block: int = 512
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, not {self.mode!r}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
-        if self.shuffle and (self.lanes < 1 or self.block < self.lanes):
-            raise ValueError(f"need lanes >= 1 and block >= lanes, got lanes={self.lanes}, block={self.block}")
+        check_reading(self.mode, self.batch_size, self.shuffle, self.lanes, self.block)
+
+
+def check_reading(mode: str, batch_size: int, shuffle: bool, lanes: int, block: int) -> None:
+    """Raises ValueError for settings no plan can read by (one dataset's, or a mixture's)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if shuffle and (lanes < 1 or block < lanes):
+        raise ValueError(f"need lanes >= 1 and block >= lanes, got lanes={lanes}, block={block}")
 
 
 @dataclass(frozen=True)
@@ -382,7 +417,7 @@ def remaining_sequence(plan: EpochPlan, taken: Sequence[int]) -> SpanList:
             if not 0 <= taken[worker] <= reader.length:
                 raise ValueError(f"worker {worker} cannot have yielded {taken[worker]} of {reader.length} samples")
             spans = split.reader_spans(rank, worker)
-            parts.extend(spans.slice(start, stop) for start, stop in reader.unread_runs(taken[worker]))
+            parts.append(spans.take(reader.unread_runs(taken[worker])))
     return SpanList.join(parts).without_pads()
 
 

@@ -10,21 +10,69 @@ offsets. A shard that no longer matches the index raises :class:`IndexMismatchEr
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+
+import numpy as np
 
 from ..errors import IndexMismatchError
 from ..handlers import EXACT_EPOCH_FLAG
 from ..limits import Limits, get_limits
 from ..shards.grouping import group_members, split_key
-from ..shards.openers import ShardUrl, open_shard, stream_size
+from ..shards.openers import ShardUrl, local_path, open_shard, stream_size, url_scheme
 from ..tar import iter_tar_members
 from .index import ShardIndex
+from .mixture import MixReader
 from .placed_reads import read_placed
 from .placed_shuffle import shuffled_by_places
 from .plan import ReaderPlan
 from .spans import Span, SpanList
 
 PAD_KEY = EXACT_EPOCH_FLAG
+SOURCE_KEY = "__source__"  # a mixture's sample: the name of its source
+
+
+def check_shards(index: ShardIndex, spans: SpanList) -> None:
+    """Raises :class:`IndexMismatchError` before a sample is read where a local shard of
+    ``spans`` has another size than the index says (a remote one is checked when opened,
+    a missing one fails to open)."""
+    changed = []
+    for shard in np.unique(spans.shards).tolist():
+        info, url = index.shards[shard], index.url(shard)
+        if info.filesize is None or url_scheme(url) != "file":
+            continue
+        try:
+            size = os.stat(local_path(url)).st_size
+        except OSError:
+            continue
+        if size != info.filesize:
+            changed.append(f"shard {url!r} has {size} bytes, the index says {info.filesize}")
+    if changed:
+        raise IndexMismatchError("; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+                                 + ": it changed since it was indexed; index it again")
+
+
+def read_mixed(indexes: list[ShardIndex], names: tuple[str, ...], reader: MixReader, start: int,
+               limits: Limits | None = None, views: bool = False) -> Iterator[dict]:
+    """The samples of one reader's part of a mixed epoch, from its position ``start``: each
+    source's run read as one dataset's share is, the arrangement saying whose sample comes
+    next; each sample says its source (``__source__``)."""
+    if start >= reader.length:
+        return
+    taken = reader.taken(start).tolist()
+    streams = [read_share(index, plan, spans, at, limits, views)
+               for index, plan, spans, at in zip(indexes, reader.plans, reader.spans, taken)]
+    try:
+        for run in reader.sources(start):
+            for k in run.tolist():
+                sample = next(streams[k], None)
+                if sample is None:  # the plan and the reads disagree: never silently short
+                    raise IndexMismatchError(f"source {names[k]!r} ran out of samples before its share of the epoch")
+                sample[SOURCE_KEY] = names[k]
+                yield sample
+    finally:
+        for stream in streams:
+            stream.close()
 
 
 def read_share(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: int,

@@ -17,18 +17,24 @@ Three forms, one class:
   :meth:`EpochState.from_loader_state` builds it from a StatefulDataLoader checkpoint,
   to resume on another number of workers or ranks.
 
+A mixture's state (:class:`~wds_datapipes.MixedEpochs`) also says, per source, its window of
+the epoch and its size (:class:`SourceWindow`), and holds the mixture's settings, so that
+the epoch finishes as it was planned whatever the resumed pipe's weights.
+
 Ranks are assumed to step together (DDP does: every step all-reduces), so one rank's
 counts stand for every rank's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
-from .plan import PlanSettings, Segment, next_worker, plan_epoch, worker_batches
+from .mixture import MixSettings
+from .plan import PlanSettings, Segment, next_worker, worker_batches
 
 FORMAT = "wds_datapipes.epoch_state/1"
+PlanFor = Callable[[int, int], object]  # (world, workers) -> the plan of a state's epoch on that topology
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,8 @@ class EpochState:
     worker: int | None = None
     rotation: int = 0
     history: tuple[Segment, ...] = ()
-    settings: PlanSettings | None = field(default=None, compare=False)
+    settings: PlanSettings | MixSettings | None = field(default=None, compare=False)
+    mixture: tuple[SourceWindow, ...] | None = None  # a mixture's epoch: each source's window
 
     def __post_init__(self):
         if self.epoch < 0:
@@ -66,8 +73,12 @@ class EpochState:
         if self.taken is not None:
             out["taken"] = list(self.taken)
         out["history"] = [[s.world, s.workers, list(s.taken)] for s in self.history]
-        if self.settings is not None:
+        if isinstance(self.settings, MixSettings):
+            out["settings"] = self.settings.to_dict()
+        elif self.settings is not None:
             out["settings"] = asdict(self.settings)
+        if self.mixture is not None:
+            out["mixture"] = [[w.name, w.start, w.count, w.samples, w.shards] for w in self.mixture]
         return out
 
     @classmethod
@@ -76,7 +87,9 @@ class EpochState:
             return data
         if data.get("format") != FORMAT:
             raise ValueError(f"not an exact-epoch state (format {data.get('format')!r}, expected {FORMAT!r})")
-        settings = data.get("settings")
+        settings, mixture = data.get("settings"), data.get("mixture")
+        if settings:
+            settings = MixSettings.from_dict(settings) if mixture is not None else PlanSettings(**settings)
         return cls(
             epoch=int(data["epoch"]),
             batches=data.get("batches"),
@@ -84,7 +97,9 @@ class EpochState:
             world=data.get("world"), workers=data.get("workers"),
             rank=data.get("rank"), worker=data.get("worker"), rotation=int(data.get("rotation", 0)),
             history=tuple(Segment(int(w), int(k), tuple(int(n) for n in t)) for w, k, t in data.get("history", [])),
-            settings=PlanSettings(**settings) if settings else None,
+            settings=settings or None,
+            mixture=None if mixture is None else tuple(SourceWindow(str(n), int(a), int(c), int(t), int(k))
+                                                       for n, a, c, t, k in mixture),
         )
 
     @classmethod
@@ -102,7 +117,20 @@ class EpochState:
         if len(by_worker) != first.workers or any(s.epoch != first.epoch for s in states):
             raise ValueError("the loader state holds workers of different epochs or is missing workers")
         return cls(epoch=first.epoch, taken=tuple(by_worker[w].taken[0] for w in range(first.workers)),
-                   world=first.world, workers=first.workers, history=first.history, settings=first.settings)
+                   world=first.world, workers=first.workers, history=first.history, settings=first.settings,
+                   mixture=first.mixture)
+
+
+@dataclass(frozen=True)
+class SourceWindow:
+    """A mixture's source in a saved epoch: its window (``start``, ``count``) of its run of
+    passes, and its index's ``samples`` and ``shards`` (to see that it is the same data)."""
+
+    name: str
+    start: int
+    count: int
+    samples: int
+    shards: int
 
 
 def _worker_states(value: object):
@@ -118,8 +146,9 @@ def _worker_states(value: object):
             yield from _worker_states(item)
 
 
-def epoch_finished(state: EpochState, sizes: Sequence[int], settings: PlanSettings, world: int) -> bool:
-    """Whether ``state`` is at the end of its epoch (the next epoch then starts afresh).
+def epoch_finished(state: EpochState, plan_for: PlanFor, world: int) -> bool:
+    """Whether ``state`` is at the end of its epoch (the next epoch then starts afresh);
+    ``plan_for(world, workers)`` is the plan of the state's epoch on that topology.
 
     It does not depend on the number of workers of the run that loads it: a rank's batches
     per epoch are the same for any number of workers.
@@ -130,9 +159,8 @@ def epoch_finished(state: EpochState, sizes: Sequence[int], settings: PlanSettin
         # that epoch, with nothing if the worker had read all of its share.
         return False
     if state.batches is not None:
-        plan = plan_epoch(sizes, settings, state.epoch, world, 1, state.history)
-        return state.batches >= plan.split.rank_batches
-    plan = plan_epoch(sizes, settings, state.epoch, world, len(state.taken), state.history)
+        return state.batches >= plan_for(world, 1).split.rank_batches
+    plan = plan_for(world, len(state.taken))
     return all(t >= n for t, n in zip(state.taken, plan.split.worker_sizes))
 
 
@@ -148,17 +176,10 @@ class ResumePoint:
     rotation: int = 0
 
 
-def check_settings(state: EpochState, settings: PlanSettings) -> None:
-    if state.settings is not None and state.settings != settings:
-        raise ValueError(f"the state was saved with other plan settings ({state.settings}) than this "
-                         f"pipe's ({settings}): seed, batch_size, mode, shuffle, lanes and block must match")
-
-
-def resume_point(state: EpochState, sizes: Sequence[int], settings: PlanSettings, world: int, workers: int,
+def resume_point(state: EpochState, plan_for: PlanFor, batch_size: int, world: int, workers: int,
                  rank: int, worker: int) -> ResumePoint:
     """Where loader worker ``worker`` of rank ``rank`` (on ``world`` x ``workers``) resumes
     ``state``'s epoch, which has not finished (see :func:`epoch_finished`)."""
-    check_settings(state, settings)
     old_world = world if state.world is None else state.world
     old_workers = workers if state.workers is None else state.workers
     if state.worker is not None:  # one worker's own state (StatefulDataLoader): it resumes only itself
@@ -167,8 +188,8 @@ def resume_point(state: EpochState, sizes: Sequence[int], settings: PlanSettings
                              "to resume on another topology, join the workers' states with "
                              "EpochState.from_loader_state(loader.state_dict())")
         return ResumePoint(state.history, state.taken[0], state.rotation)  # a finished worker yields no more
-    old = plan_epoch(sizes, settings, state.epoch, old_world, old_workers, state.history)
-    b = settings.batch_size
+    old = plan_for(old_world, old_workers)
+    b = batch_size
     if state.batches is not None:
         per_worker = worker_batches(state.batches, old.split.worker_sizes, b)
         taken = tuple(min(n * b, size) for n, size in zip(per_worker, old.split.worker_sizes))

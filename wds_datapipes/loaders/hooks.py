@@ -11,19 +11,20 @@ from __future__ import annotations
 import weakref
 from collections.abc import Mapping
 
-from ..epochs.exact_epochs import ExactEpochs
+from ..epochs.epoch_pipe import EpochPipe
 from ..epochs.state import EpochState
 from ..torch_datapipes import IterDataPipe, traverse_dps
 
 _SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _exact_source(pipe: IterDataPipe) -> tuple[ExactEpochs, int] | None:
-    """The ExactEpochs upstream of ``pipe`` and the samples in each item ``pipe`` yields.
+def _exact_source(pipe: IterDataPipe) -> tuple[EpochPipe, int] | None:
+    """The exact-epoch source (ExactEpochs, MixedEpochs) upstream of ``pipe`` and the samples
+    in each item ``pipe`` yields.
 
     StatefulDataLoader asks for every batch, so the answer is kept per pipe (weakly).
     """
-    if isinstance(pipe, ExactEpochs):
+    if isinstance(pipe, EpochPipe):
         return pipe, 1
     if pipe in _SOURCES:
         source, unit = _SOURCES[pipe]
@@ -33,19 +34,19 @@ def _exact_source(pipe: IterDataPipe) -> tuple[ExactEpochs, int] | None:
     return found
 
 
-def _find_source(pipe: IterDataPipe, graph: dict) -> tuple[ExactEpochs, int] | None:
+def _find_source(pipe: IterDataPipe, graph: dict) -> tuple[EpochPipe, int] | None:
     """Walks down from ``pipe``; each batching pipe on the way multiplies the unit."""
     for node, children in graph.values():
-        if isinstance(node, ExactEpochs):
+        if isinstance(node, EpochPipe):
             return node, 1
         below = _find_source(node, children)
         if below is None:
             continue
         source, unit = below
         size = getattr(node, "batch_size", None)
-        if isinstance(size, int) and not isinstance(node, ExactEpochs):
+        if isinstance(size, int) and not isinstance(node, EpochPipe):
             if size != source.settings.batch_size:
-                raise ValueError(f"{type(node).__name__} batches by {size}, but ExactEpochs was built with "
+                raise ValueError(f"{type(node).__name__} batches by {size}, but {type(source).__name__} was built with "
                                  f"batch_size={source.settings.batch_size}: they must agree")
             unit *= size
         return source, unit
@@ -58,7 +59,7 @@ def _unwrapped(pipe: IterDataPipe) -> IterDataPipe:
 
 
 def pipeline_state_dict(pipe: IterDataPipe) -> dict | None:
-    """The exact epoch's position after what ``pipe`` has yielded; None without an ExactEpochs upstream.
+    """The exact epoch's position after what ``pipe`` has yielded; None without an exact-epoch source upstream.
 
     Registered as ``state_dict`` on every IterDataPipe (and so on the wrapper the
     DataLoaders put around one), which makes StatefulDataLoader save it with its own
@@ -74,11 +75,11 @@ def pipeline_state_dict(pipe: IterDataPipe) -> dict | None:
 
 
 def pipeline_load_state_dict(pipe: IterDataPipe, state: Mapping | EpochState) -> None:
-    """Loads an exact-epoch state into the ExactEpochs upstream of ``pipe``."""
+    """Loads an exact-epoch state into the exact-epoch source (ExactEpochs, MixedEpochs) upstream of ``pipe``."""
     found = _exact_source(_unwrapped(pipe))
     if found is None:
         raise ValueError(f"{type(pipe).__name__}: an exact-epoch state can only be loaded into a pipeline "
-                         "built on ExactEpochs")
+                         "built on ExactEpochs or MixedEpochs")
     source = found[0]
     source.load_state_dict(state)
     for other in _epoch_aware(_unwrapped(pipe)):  # e.g. a random transform's draws: the same epoch
@@ -88,7 +89,7 @@ def pipeline_load_state_dict(pipe: IterDataPipe, state: Mapping | EpochState) ->
 
 def pipeline_set_epoch(pipe: IterDataPipe, epoch: int) -> None:
     """Sets the next epoch of every pipe upstream of ``pipe`` that draws per-epoch orders
-    (:class:`ExactEpochs`, the shard listers' and ``shuffle_samples``' seeds)."""
+    (:class:`ExactEpochs`, :class:`MixedEpochs`, the shard listers' and ``shuffle_samples``' seeds)."""
     targets = _epoch_aware(_unwrapped(pipe))
     if not targets:
         raise AttributeError(f"{type(pipe).__name__} has no set_epoch: nothing upstream draws per-epoch orders")
@@ -98,7 +99,7 @@ def pipeline_set_epoch(pipe: IterDataPipe, epoch: int) -> None:
 
 def _epoch_aware(pipe: IterDataPipe) -> list:
     """The pipes of ``pipe``'s graph that draw per-epoch orders (they define ``set_epoch``)."""
-    return [p for p in _all_pipes(traverse_dps(pipe)) if "set_epoch" in vars(type(p))]
+    return [p for p in _all_pipes(traverse_dps(pipe)) if any("set_epoch" in vars(c) for c in type(p).__mro__)]
 
 
 def _all_pipes(graph: dict) -> list:
