@@ -10,11 +10,17 @@ INSTALLED := $(VENV)/.installed
 NEWEST := .venv-newest
 NEWEST_INSTALLED := $(NEWEST)/.installed
 
-.PHONY: setup setup-newest train test test-main test-newest test-core bench bench-epochs bench-ais lint clean
+.PHONY: ffmpeg bench-media setup setup-newest train test test-main test-newest test-core bench bench-epochs bench-nodes bench-ais lint clean
 
 setup: $(INSTALLED)
 
-$(INSTALLED): pyproject.toml constraints.txt
+# TorchCodec decodes audio and video with the system's FFmpeg libraries (Debian 12: 5.1).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+ffmpeg:
+	@ldconfig -p | grep -q 'libavformat\.so\.' || { $(SUDO) apt-get update -qq && \
+		$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ffmpeg; }
+
+$(INSTALLED): pyproject.toml constraints.txt | ffmpeg
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
@@ -22,7 +28,7 @@ $(INSTALLED): pyproject.toml constraints.txt
 
 setup-newest: $(NEWEST_INSTALLED)
 
-$(NEWEST_INSTALLED): pyproject.toml constraints-newest.txt
+$(NEWEST_INSTALLED): pyproject.toml constraints-newest.txt | ffmpeg
 	$(PYTHON) -m venv $(NEWEST)
 	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
 	$(NEWEST)/bin/python -m pip install --quiet -c constraints-newest.txt -e '.[dev]'
@@ -49,14 +55,25 @@ test-newest: setup-newest
 test-core: setup
 	$(BIN)/python -m pytest -q tests --ignore=tests/aisio
 
-bench: setup
+# The pipeline rows on the tested stack, then the vision recipe under torchdata.nodes
+# (only the newest stack has it) beside DataLoader on the same photos.
+bench: setup setup-newest
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/bench_pipeline.py
+	$(NEWEST)/bin/python benchmarks/bench_nodes.py
 
 bench-epochs: setup
 	$(BIN)/python benchmarks/bench_epochs.py
 
+bench-nodes: setup-newest
+	$(NEWEST)/bin/python benchmarks/bench_nodes.py
+
+bench-media: setup
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/python benchmarks/bench_media.py
+
 bench-ais: setup
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/bench_ais.py
 
 lint: setup

@@ -17,6 +17,15 @@ samples raw (no decoding) with 2 worker processes:
                               ``get_reader().raw()`` (what aisio used before its own reader)
 - webdataset, local disk / ais:// (aisio's opener, registered in webdataset) / HTTP (curl):
                               WebDataset(urls) under DataLoader(num_workers=2)
+- aistore.pytorch (the aistore SDK's own datasets, under DataLoader(num_workers=2) as their
+  docs show; ``--no-aistore-pytorch`` skips them):
+  AISShardReader:             the same shard bucket; yields (basename, {ext: bytes}) per sample
+  AISIterDataset, AISMapDataset, AISBatchIterDataset (GetBatch, 128 objects a request):
+                              these read whole objects, not tar members, so they read a second
+                              bucket holding the same samples' files (``<key>.jpg``,
+                              ``<key>.cls``) as one object each; their samples/s count one
+                              sample per two objects (every file of every sample read), and
+                              their bytes are the same payload bytes
 
 Workers count samples and bytes and send one total per 500 samples, so the rows compare
 reading, parsing and grouping, not inter-process transfer. All loaders are started and
@@ -36,12 +45,15 @@ GET per object for many small shards and for mid-shard starts (``--no-getbatch``
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
+import tarfile
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,8 +61,17 @@ warnings.filterwarnings("ignore", message=r"(?s).*'datapipes', 'dataloader2' mod
 
 import braceexpand
 import webdataset as wds
+from aistore.sdk import Client
 from shards import make_jpeg_shards
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
+
+try:  # the aistore SDK's "pytorch" extra (alive-progress) is not a dependency of ours
+    from aistore.pytorch import AISIterDataset, AISMapDataset, AISShardReader
+    from aistore.pytorch.batch_iter_dataset import AISBatchIterDataset
+except ImportError as e:
+    AISPYTORCH_MISSING = f"{e} (pip install 'aistore[pytorch]')"
+else:
+    AISPYTORCH_MISSING = ""
 
 try:
     from torchdata.dataloader2 import DataLoader2
@@ -64,8 +85,10 @@ from aisio.cluster import LocalCluster, cluster_endpoint
 from wds_datapipes import ShardLister, register_opener
 
 BUCKET = "bench-ais"
+OBJECTS_BUCKET = "bench-ais-objs"  # the same samples, one object per file
 WORKERS = 2
 PER_MESSAGE = 500
+GETBATCH_SIZE = 128  # AISBatchIterDataset's max_batch_size, as in the SDK's README
 
 
 def _tally(sample: dict) -> tuple[int, int]:
@@ -74,6 +97,34 @@ def _tally(sample: dict) -> tuple[int, int]:
 
 def _add(tallies: list[tuple[int, int]]) -> tuple[int, int]:
     return sum(n for n, _ in tallies), sum(b for _, b in tallies)
+
+
+def _tally_named(item: tuple) -> tuple[int, int]:
+    """An aistore.pytorch item, ``(name, content)``: a sample's dict (AISShardReader) or one
+    object's bytes (AISIterDataset, AISMapDataset, AISBatchIterDataset)."""
+    content = item[1]
+    return _tally(content) if isinstance(content, dict) else (1, len(content))
+
+
+def _collate_tallies(tally: Callable[[object], tuple[int, int]], batch: list) -> tuple[int, int]:
+    return _add([tally(item) for item in batch])
+
+
+class _Tallied(IterableDataset):
+    """Runs in each worker over a torch IterableDataset: one (count, bytes) per PER_MESSAGE items."""
+
+    def __init__(self, dataset: IterableDataset, tally: Callable[[object], tuple[int, int]]):
+        self.dataset, self.tally = dataset, tally
+
+    def __iter__(self):
+        pending = []
+        for item in self.dataset:
+            pending.append(self.tally(item))
+            if len(pending) == PER_MESSAGE:
+                yield _add(pending)
+                pending = []
+        if pending:
+            yield _add(pending)
 
 
 def _sdk_reader(url: str):
@@ -86,10 +137,13 @@ register_opener("aissdk", _sdk_reader)  # forked workers inherit it
 
 
 class Loader:
-    """A 2-worker loader over a pipe of (count, bytes) tallies, kept up between measurements."""
+    """A 2-worker loader over a pipe of (count, bytes) tallies, kept up between measurements.
 
-    def __init__(self, kind: str, make: Callable[[], object]):
-        self.kind, self.make, self.loader = kind, make, None
+    ``kind``: "datapipes", "webdataset", or a torch dataset of ``(name, content)`` items,
+    "torch-iterable" or "torch-map" (aistore.pytorch); ``per_sample``: items per sample."""
+
+    def __init__(self, kind: str, make: Callable[[], object], per_sample: int = 1):
+        self.kind, self.make, self.loader, self.per_sample = kind, make, None, per_sample
 
     def start(self) -> None:
         if self.kind == "datapipes" and DataLoader2 is not None:
@@ -98,12 +152,20 @@ class Loader:
         elif self.kind == "datapipes":
             dp = self.make().map(_tally).batch(PER_MESSAGE).map(_add)
             self.loader = DataLoader(dp, batch_size=None, num_workers=WORKERS, persistent_workers=True)
+        elif self.kind == "torch-iterable":  # each worker tallies its share of the items
+            self.loader = DataLoader(_Tallied(self.make(), _tally_named), batch_size=None,
+                                     num_workers=WORKERS, persistent_workers=True)
+        elif self.kind == "torch-map":  # collate_fn runs in the workers: one tally per batch
+            self.loader = DataLoader(self.make(), batch_size=PER_MESSAGE, num_workers=WORKERS,
+                                     collate_fn=functools.partial(_collate_tallies, _tally_named),
+                                     persistent_workers=True)
         else:
             ds = self.make().map(_tally).batched(PER_MESSAGE, collation_fn=_add)
             self.loader = DataLoader(ds, batch_size=None, num_workers=WORKERS, persistent_workers=True)
 
     def epoch(self) -> tuple[int, int]:
-        return _add(list(self.loader))
+        count, nbytes = _add(list(self.loader))
+        return count // self.per_sample, nbytes
 
     def stop(self) -> None:
         if DataLoader2 is not None and isinstance(self.loader, DataLoader2):
@@ -180,7 +242,12 @@ def main() -> None:
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-bench"))
     parser.add_argument("--no-getbatch", dest="getbatch", action="store_false",
                         help="skip the GetBatch comparison")
+    parser.add_argument("--no-aistore-pytorch", dest="aistore_pytorch", action="store_false",
+                        help="skip the rows of the aistore SDK's PyTorch datasets")
     args = parser.parse_args()
+    if args.aistore_pytorch and AISPYTORCH_MISSING:
+        print(f"skipping the aistore.pytorch rows: {AISPYTORCH_MISSING}", file=sys.stderr)
+        args.aistore_pytorch = False
     with cluster_endpoint():
         run(args)
 
@@ -198,6 +265,11 @@ def run(args: argparse.Namespace) -> None:
     total_mb = sum(os.path.getsize(p) for p in files) / 1e6
     print(f"uploaded {len(files)} shards ({total_mb:.0f} MB) to ais://{BUCKET} on {endpoint()} "
           f"in {time.perf_counter() - t:.1f} s")
+    if args.aistore_pytorch:
+        t = time.perf_counter()
+        per_sample, count = upload_members(files, OBJECTS_BUCKET)
+        print(f"uploaded the same samples' {count} files as objects of ais://{OBJECTS_BUCKET} "
+              f"in {time.perf_counter() - t:.1f} s")
     names = [os.path.basename(p) for p in files]
     http = [f"{endpoint()}/v1/objects/{BUCKET}/{n}?provider=ais" for n in names]
     ais = [f"ais://{BUCKET}/{n}" for n in names]
@@ -217,6 +289,19 @@ def run(args: argparse.Namespace) -> None:
         Row("webdataset, ais:// (aisio opener)", Loader("webdataset", webdataset(ais))),
         Row("webdataset, HTTP (curl)", Loader("webdataset", webdataset(http))),
     ]
+    if args.aistore_pytorch:
+        sdk_client = Client(endpoint())  # as the datasets' docs make one: the SDK's defaults
+        shards, objects = sdk_client.bucket(BUCKET), sdk_client.bucket(OBJECTS_BUCKET)
+        rows += [
+            Row(f"{PYTORCH}AISShardReader (shards)", Loader("torch-iterable", lambda: AISShardReader(shards))),
+            Row(f"{PYTORCH}AISIterDataset (file objects)", Loader(
+                "torch-iterable", lambda: AISIterDataset(objects), per_sample)),
+            Row(f"{PYTORCH}AISMapDataset (file objects)", Loader(
+                "torch-map", lambda: AISMapDataset(objects), per_sample)),
+            Row(f"{PYTORCH}AISBatchIterDataset, GetBatch of {GETBATCH_SIZE} (file objects)", Loader(
+                "torch-iterable", lambda: AISBatchIterDataset(objects, sdk_client, max_batch_size=GETBATCH_SIZE),
+                per_sample)),
+        ]
     cluster = LocalCluster.running()
     node_pids = [n.pid for n in cluster.nodes] if cluster is not None and cluster.endpoint == endpoint() else []
     for row in rows:  # all loaders up (idle ones cost nothing), each warmed once
@@ -232,8 +317,28 @@ def run(args: argparse.Namespace) -> None:
             row.loader.stop()
     _report(rows, node_pids)
     client.bucket(BUCKET).delete(missing_ok=True)
+    client.bucket(OBJECTS_BUCKET).delete(missing_ok=True)
     if args.getbatch:
         getbatch_report(args.repeats)
+
+
+PYTORCH = "aistore.pytorch "
+
+
+def upload_members(files: list[str], bucket_name: str) -> tuple[int, int]:
+    """Puts every file of the shards ``files`` as its own object (named as in the tar) in a
+    fresh bucket; returns the files per sample and the count of objects."""
+    bucket = get_client().bucket(bucket_name)
+    bucket.delete(missing_ok=True)
+    bucket.create()
+    members: list[tuple[str, bytes]] = []
+    for path in files:
+        with tarfile.open(path) as tar:
+            members += [(m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda m: bucket.object(m[0]).get_writer().put_content(m[1]), members))
+    keys = {name.split(".", 1)[0] for name, _ in members}
+    return len(members) // len(keys), len(members)
 
 
 def _report(rows: list[Row], node_pids: list[int]) -> None:
@@ -262,6 +367,19 @@ def _report(rows: list[Row], node_pids: list[int]) -> None:
             verdict = f"  target >= {target}: wall {'met' if wall >= target else 'NOT met'}, " \
                       f"CPU {'met' if cpu >= target else 'NOT met'}"
         print(f"  {label:34} {wall:5.2f}        {cpu:5.2f}{verdict}")
+    peers = [row for row in rows if row.name.startswith(PYTORCH)]
+    if peers:
+        listed = by_name["ours, ais://, listed each epoch"]
+        print(f"\nratio of ours, ais:// to{'':30} wall (best)  CPU per epoch (the other's / ours)  "
+              "wall, ours listed each epoch")
+        for other in peers:
+            wall, cpu = ais.rate() / other.rate(), other.cpu_per_epoch() / ais.cpu_per_epoch()
+            print(f"  {other.name[len(PYTORCH):]:52} {wall:5.2f}        {cpu:5.2f}"
+                  f"{'':36}{listed.rate() / other.rate():5.2f}")
+    for row in rows:  # every row must have read the same samples and bytes
+        if (row.samples, row.nbytes) != (local.samples, local.nbytes):
+            print(f"WARNING: {row.name} read {row.samples} samples, {row.nbytes} bytes; "
+                  f"local disk: {local.samples}, {local.nbytes}")
     if node_pids:
         print(f"The cluster's nodes spend {ais.cpu_ms['cluster'] / ais.epochs:,.0f} of the {ais.cpu_per_epoch():,.0f} ms "
               f"an ais:// epoch costs ({local.cpu_per_epoch():,.0f} ms from local disk): on this machine, where they "

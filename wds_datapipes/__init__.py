@@ -5,7 +5,8 @@ Importing this package registers the functional names: ``list_shards``, ``load_t
 ``rename_keys``, ``map_fields``; and, on every DataPipe, ``state_dict``, ``load_state_dict`` and
 ``set_epoch``, which reach an :class:`ExactEpochs` or :class:`MixedEpochs` upstream. It imports no torchdata:
 ``wds_datapipes.MultiProcessingReadingService`` (DataLoader2's, with a fixed worker loop) imports
-it when first used.
+it when first used, and torchdata's own service is given the same loop for graphs of our
+pipes when it is imported (:mod:`wds_datapipes.loaders.dataloader2`).
 """
 
 from . import _moved
@@ -30,6 +31,7 @@ from .errors import (
 )
 from .handlers import ignore_and_continue, reraise_exception, warn_and_continue
 from .limits import Limits, get_limits, set_limits
+from .loaders import dataloader2 as _dataloader2
 from .loaders import hooks  # noqa: F401 - registers state_dict, load_state_dict, set_epoch on every pipe
 from .pipes.batching import Batcher, collate
 from .pipes.fields import FieldMapper, KeyRenamer, TupleMaker
@@ -42,6 +44,7 @@ from .shards.tar_loader import TarLoader
 from .topology import Topology
 
 _moved.install()  # the flat layout's module paths (wds_datapipes.tar_reader, ...) keep working
+_dataloader2.watch_torchdata()  # torchdata's own DataLoader2 reading service, over our pipes, gets the fixed loop
 
 
 def __getattr__(name: str):

@@ -132,14 +132,25 @@ def _index(args: argparse.Namespace) -> int:
             log.flush()
             progress.advance(scan.nsamples)
 
+        failed: dict[str, WdsError] = {}
         scans = build_index(urls, jobs=args.jobs, done={u: s for u, s in done.items() if u in set(urls)},
-                            on_scan=record, places=args.places)
+                            on_scan=record, places=args.places, failed=failed)
+    if not scans:
+        for error in failed.values():
+            print(error, file=sys.stderr)
+        raise WdsError(f"none of the {len(urls)} shards could be read; no index written")
     index = ShardIndex.from_scans(scans, relative_to=args.output)
     index.save(args.output, offsets=not args.no_offsets)
-    os.remove(partial)
     print(f"{args.output}: {len(scans)} shards, {index.total} samples"
           + ("" if args.no_offsets or not index.has_offsets else ", with sample offsets")
           + _places_summary(index, args.places), file=sys.stderr)
+    if failed:  # the readable ones are indexed; a run after they are mended scans only them
+        for error in failed.values():
+            print(error)
+        print(f"{len(failed)} of {len(urls)} shards could not be read and are not in {args.output}; mend them "
+              f"and run the same command again (it scans only those: {partial} holds the others)", file=sys.stderr)
+        return 1
+    os.remove(partial)
     return 0
 
 
@@ -187,7 +198,8 @@ class _Progress:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=total, initial=done, unit="shard", file=sys.stderr)
+                # delay: no bar for a run over in a moment; leave=False: no stale bar above an error
+                self.bar = tqdm(total=total, initial=done, unit="shard", file=sys.stderr, delay=1.0, leave=False)
             except ImportError:
                 pass
 

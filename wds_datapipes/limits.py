@@ -48,6 +48,9 @@ class Limits:
             waits of 0.5, 1, 2, 4, 8 s between tries.
         pipe_grace: seconds a ``pipe:`` command may run on after its output was read to the
             end or closed; then it is stopped and reported: default 10.
+        pipe_timeout: seconds a ``pipe:`` command may write nothing while its shard is read
+            (a hung download); then it is stopped and the read fails naming it: default 120
+            (0: wait for ever).
     """
 
     max_member_bytes: int = 128 * MiB
@@ -58,6 +61,7 @@ class Limits:
     http_timeout: float = 30.0
     http_retries: int = 5
     pipe_grace: float = 10.0
+    pipe_timeout: float = 120.0
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

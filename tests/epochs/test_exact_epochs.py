@@ -344,3 +344,28 @@ def test_exact_epochs_over_http_enter_shards_with_range_requests(tmp_path, sized
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_error_line_torch_adds_shows_the_pipe_s_own_arguments(uneven_index, tmp_path):
+    shard = wd.ShardIndex.load(uneven_index).url(1)
+    with open(shard, "ab") as f:
+        f.write(bytes(512))
+    with pytest.raises(wd.IndexMismatchError) as caught:
+        list(wd.ExactEpochs(uneven_index, batch_size=4, seed=3, shuffle=False).batch_samples(4))
+    line = str(caught.value).splitlines()[-1]
+    assert line.startswith("This exception is thrown by __iter__ of ExactEpochs(")
+    assert "functools.partial" not in line and "seed=3" in line and "batch_size=4" in line and "ShardIndex(" in line
+
+
+@pytest.mark.parametrize("places", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_samples_carry_the_shard_url_as_a_plain_str(tmp_path, sized_shards, places, shuffle):
+    shards = sized_shards([5, 7])
+    index = write_index(shards, tmp_path / "index.json", places=places)
+    streamed = list(wd.ShardLister(shards).load_tar().group_by_key())
+    exact = list(ExactEpochs(index, batch_size=2, shuffle=shuffle))
+    for sample in streamed + exact:
+        assert type(sample["__url__"]) is str
+        assert pickle.loads(pickle.dumps(sample["__url__"])) == sample["__url__"]
+        assert b"ShardUrl" not in pickle.dumps(sample)
+    assert {s["__url__"] for s in exact} == {s["__url__"] for s in streamed} == set(shards)

@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -18,7 +19,15 @@ import pytest
 import webdataset as wds
 from builders import write_index
 
-from wds_datapipes import IndexMismatchError, ShardIndex, ShardLister, WdsError, build_index, scan_shard
+from wds_datapipes import (
+    IndexMismatchError,
+    ShardFormatError,
+    ShardIndex,
+    ShardLister,
+    WdsError,
+    build_index,
+    scan_shard,
+)
 from wds_datapipes.cli import expand_urls
 from wds_datapipes.epochs.reading import span_samples
 from wds_datapipes.epochs.spans import Span
@@ -267,3 +276,56 @@ def test_cli_commands_explain_themselves(command):
 def test_cli_reports_a_missing_shard_as_an_error(tmp_path):
     failed = _cli("index", str(tmp_path / "nothing-{0..1}.tar"), "-o", str(tmp_path / "i.json"))
     assert failed.returncode == 1 and "nothing-0.tar" in failed.stderr
+
+
+def _cut_inside_a_member(shard: str, out: Path, member: int = 5) -> int:
+    """Writes ``shard`` cut halfway through the bytes of its ``member``-th member; returns that
+    member's header offset."""
+    with tarfile.open(shard) as tar:
+        info = tar.getmembers()[member]
+    assert info.size >= 2
+    out.write_bytes(Path(shard).read_bytes()[: info.offset_data + info.size // 2])
+    return info.offset_data - 512
+
+
+def test_cli_index_indexes_the_readable_shards_and_lists_every_bad_one(tmp_path, sized_shards):
+    shards = sized_shards([6, 7, 8, 9])
+    cut = tmp_path / "cut.tar"
+    _cut_inside_a_member(shards[1], cut)
+    missing = str(tmp_path / "missing.tar")
+    out = tmp_path / "i.json"
+    made = _cli("index", shards[0], str(cut), shards[2], missing, shards[3], "-o", str(out))
+    assert made.returncode == 1
+    assert "cut.tar" in made.stdout and "missing.tar" in made.stdout
+    assert "2 of 5 shards could not be read and are not in" in made.stderr
+    assert ShardIndex.load(str(out)).sizes.tolist() == [6, 8, 9]
+    assert "%|" not in made.stderr  # no progress bar left over the errors
+    shutil.copy(shards[1], cut)  # mended
+    Path(missing).write_bytes(Path(shards[0]).read_bytes())
+    again = _cli("index", shards[0], str(cut), shards[2], missing, shards[3], "-o", str(out))
+    assert again.returncode == 0, again.stderr
+    assert "continuing an interrupted run: 3 of 5" in again.stderr
+    assert ShardIndex.load(str(out)).sizes.tolist() == [6, 7, 8, 6, 9]
+    assert not os.path.exists(f"{out}.partial")
+
+
+def test_a_cut_shard_is_reported_alike_by_the_index_scan_and_the_pipeline(tmp_path, sized_shards):
+    cut = tmp_path / "cut.tar"
+    header = _cut_inside_a_member(sized_shards([9])[0], cut)
+    with pytest.raises(ShardFormatError) as scanned:
+        scan_shard(str(cut))
+    with pytest.raises(ShardFormatError) as read:
+        list(ShardLister([str(cut)]).load_tar())
+    assert (scanned.value.member, scanned.value.offset, scanned.value.reason) == \
+        (read.value.member, read.value.offset, read.value.reason)
+    assert scanned.value.offset == header and "truncated: member needs" in scanned.value.reason
+
+
+def test_cli_says_what_is_wrong_with_a_missing_index_or_a_shard_given_as_one(tmp_path, sized_shards):
+    for command in ("inspect", "verify"):
+        missing = _cli(command, str(tmp_path / "nope.json"))
+        assert missing.returncode == 1 and "cannot read the index" in missing.stderr and "shard" not in missing.stderr
+    shard = sized_shards([3])[0]
+    wrong = _cli("verify", shard)
+    assert wrong.returncode == 1
+    assert "is not an index: it is a tar archive" in wrong.stderr and "utf-8" not in wrong.stderr

@@ -151,3 +151,47 @@ def test_without_dataloader2_the_service_says_what_to_use_instead(monkeypatch):
             wd.MultiProcessingReadingService  # noqa: B018
     finally:
         dataloader2_fix.reading_service_class.cache_clear()
+
+
+@needs_dataloader2
+def test_torchdata_s_own_reading_service_reads_uneven_shards_of_our_pipes_to_the_end(sized_shards):
+    """As torchdata's docs and the AIStore blog teach: DataLoader2 + torchdata's own service."""
+    from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
+
+    shards = sized_shards([50, 85, 61, 77, 52, 70])
+    dp = wd.ShardLister(shards, shuffle=True, seed=0).load_tar().group_by_key()
+    loader = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2))
+    try:
+        for _ in range(2):
+            keys = [sample["__key__"] for sample in loader]
+            assert len(keys) == len(set(keys)) == 395  # every sample once, and no crash at the epoch's end
+        assert type(loader.reading_service._worker_consumer_datapipe).__name__ == "RoundRobinOverLiveWorkers"
+    finally:
+        loader.shutdown()
+
+
+@needs_dataloader2
+def test_torchdata_s_own_reading_service_is_unchanged_for_pipes_that_are_not_ours():
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService, communication
+
+    original = communication.iter._IterateQueueDataPipes
+    loader = DataLoader2(IterableWrapper(range(40)).sharding_filter(),
+                         reading_service=MultiProcessingReadingService(num_workers=2))
+    try:
+        assert sorted(loader) == list(range(40))
+        assert type(loader.reading_service._worker_consumer_datapipe) is original
+    finally:
+        loader.shutdown()
+
+
+def test_the_guard_waits_for_torchdata_to_be_imported():
+    code = ("import sys, wds_datapipes\n"
+            "assert 'torchdata.dataloader2.reading_service' not in sys.modules\n"
+            "from torchdata.dataloader2 import MultiProcessingReadingService as M\n"
+            "assert M.initialize._wds_guarded\n")
+    run = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120,
+                         check=False)
+    if "No module named 'torchdata.dataloader2'" in run.stderr:
+        pytest.skip("this torchdata has no DataLoader2")
+    assert run.returncode == 0, run.stderr

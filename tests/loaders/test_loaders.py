@@ -391,3 +391,42 @@ def test_shard_open_error_keeps_its_type_through_workers(tmp_path, collect):
         warnings.simplefilter("ignore")
         with pytest.raises(ShardOpenError):
             collect(ShardLister(missing).load_tar())
+
+
+# ---------------------------------------------------------------- a shard pipeline's checkpoint
+
+
+def _stateful(shards: list[str], workers: int, generator: torch.Generator | None):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    dp = (wd.ShardLister(shards, shuffle=True).load_tar().group_by_key().shuffle_samples(7)
+          .to_tuple("__key__").batch_samples(4, collate_fn=list))
+    return StatefulDataLoader(dp, batch_size=None, num_workers=workers, generator=generator)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("seeded", [True, False], ids=["generator", "global-rng"])
+def test_a_shard_pipeline_resumes_exactly_under_stateful_dataloader(sized_shards, workers, seeded):
+    shards = sized_shards([9, 14, 5, 11, 3])
+
+    def loader():
+        return _stateful(shards, workers, torch.Generator().manual_seed(0) if seeded else None)
+
+    torch.manual_seed(1)
+    whole = loader()
+    epochs = [list(whole), list(whole)]
+    torch.manual_seed(1)
+    stopped = loader()
+    batches = iter(stopped)
+    head = [next(batches) for _ in range(3)]
+    state = pickle.loads(pickle.dumps(stopped.state_dict()))
+    del batches
+    torch.manual_seed(2)  # the resumed process's global RNG is another: the state carries the seeds used
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == epochs[0]  # the rest of the epoch, with the seeds it began with
+    later = list(resumed)
+    if seeded:  # the next epochs' seeds come from the loader's generator, as in the whole run
+        assert later == epochs[1]
+    assert sorted(k for batch in later for (k,) in batch) == sorted(k for batch in epochs[0] for (k,) in batch) == sorted(
+        k for batch in epochs[1] for (k,) in batch)

@@ -289,3 +289,30 @@ def _gone(pid: int, wait: float = 3.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_a_pipe_command_that_writes_its_shard_and_lingers_gives_its_samples_at_once(tmp_path):
+    path = tmp_path / "s.tar"
+    _shard(path, samples=50)
+    url = f"pipe:cat {path}; sleep 30"
+    started = time.monotonic()
+    pipe = WebDatasetGrouper(TarLoader(ShardLister([url]), handler=warn_and_continue, limits=Limits(pipe_grace=0.5)))
+    with pytest.warns(UserWarning, match="still running"):
+        arrived = [time.monotonic() - started for _ in pipe]
+    assert len(arrived) == 50
+    assert arrived[-1] < 5, f"the last sample came after {arrived[-1]:.1f} s: it waited for the command to exit"
+
+
+def test_a_pipe_command_that_stalls_mid_shard_fails_naming_it_within_its_timeout(tmp_path):
+    path = tmp_path / "s.tar"
+    _shard(path, samples=50)
+    pid_file = tmp_path / "sleeper.pid"
+    url = f"pipe:head -c 300000 {path}; sleep 60 & echo $! > {pid_file}; wait"
+    started = time.monotonic()
+    got = []
+    samples = iter(WebDatasetGrouper(TarLoader(ShardLister([url]), limits=Limits(pipe_timeout=1.0))))
+    with pytest.raises(ShardReadError, match=r"wrote nothing for 1 s \(Limits.pipe_timeout\)") as caught:
+        got.extend(samples)
+    assert caught.value.url == url and caught.value.offset > 0
+    assert 0 < len(got) < 50 and time.monotonic() - started < 10
+    assert _gone(int(pid_file.read_text())), "the stalled command was left running"

@@ -68,6 +68,18 @@ class EpochPipe(Pipe[dict]):
     def seed(self) -> int:
         return self.settings.seed
 
+    @property
+    def samples_per_epoch(self) -> int | None:
+        return self.settings.samples_per_epoch
+
+    @property
+    def lanes(self) -> int:
+        return self.settings.lanes
+
+    @property
+    def block(self) -> int:
+        return self.settings.block
+
     # ------------------------------------------------------------ the loaders' hooks
 
     def apply_sharding(self, num_instances: int, instance_id: int, sharding_group=None) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import IndexMismatchError, WdsError
+from ..errors import IndexMismatchError, ShardOpenError, WdsError
 from ..shards.grouping import split_key
 from ..shards.openers import LocalPath, open_shard, stream_size, url_scheme
 from ..tar import iter_tar_places
@@ -133,11 +133,15 @@ class ShardIndex:
     @classmethod
     def load(cls, location: str, *, allow_pipe: bool = False) -> ShardIndex:
         """Reads an index (a local path or any URL a shard opener handles) and its offsets."""
-        data = _read_bytes(location)
+        try:
+            data = _read_bytes(location)
+        except ShardOpenError as exn:
+            raise WdsError(f"cannot read the index {location!r}: {exn.reason or exn}") from None
         try:
             spec = json.loads(data)
         except ValueError as exn:
-            raise WdsError(f"index {location!r} is not JSON: {exn}") from None
+            raise WdsError(f"{location!r} is not an index: {_what_it_is(data, exn)}; an index is the JSON file "
+                           "that python -m wds_datapipes index writes (webdataset's wids format)") from None
         if not isinstance(spec, dict) or spec.get("wids_version") != WIDS_VERSION:
             raise WdsError(f"index {location!r}: not a wids index (wids_version {WIDS_VERSION})")
         if spec.get("datasets"):
@@ -218,6 +222,9 @@ class ShardIndex:
 
     # ------------------------------------------------------------ questions
 
+    def __repr__(self) -> str:
+        return f"ShardIndex({self.base or '(in memory)'!r}, {len(self):,} shards, {self.total:,} samples)"
+
     def __len__(self) -> int:
         return len(self.shards)
 
@@ -281,23 +288,54 @@ class ShardIndex:
 
 
 def build_index(urls: Iterable[str], *, jobs: int = 8, done: dict[str, ShardScan] | None = None,
-                on_scan: Callable[[ShardScan], None] | None = None, places: bool = False) -> list[ShardScan]:
+                on_scan: Callable[[ShardScan], None] | None = None, places: bool = False,
+                failed: dict[str, WdsError] | None = None) -> list[ShardScan]:
     """Scans shards ``jobs`` at a time; ``done`` holds scans from an earlier, interrupted run.
 
     ``places``: take each shard's member places too (scans in ``done`` without them are
-    scanned again)."""
+    scanned again). ``failed``: where to put the error of each shard that cannot be read
+    (they are left out of the result); without it, the first such error is raised.
+    """
     urls = list(urls)
     done = {u: s for u, s in (done or {}).items() if s.places is not None or not places}
     todo = [u for u in urls if u not in done]
+
+    def scan(url: str) -> ShardScan | WdsError:
+        try:
+            return scan_shard(url, places=places)
+        except WdsError as exn:
+            if failed is None:
+                raise
+            return exn
+
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="wds-index") as pool:
-        for scan in pool.map(lambda url: scan_shard(url, places=places), todo):
-            done[scan.url] = scan
+        for url, result in zip(todo, pool.map(scan, todo)):
+            if isinstance(result, WdsError):
+                failed[url] = result
+                continue
+            done[result.url] = result
             if on_scan is not None:
-                on_scan(scan)
-    return [done[u] for u in urls]
+                on_scan(result)
+    return [done[u] for u in urls if u in done]
 
 
 # ------------------------------------------------------------ helpers
+
+
+def _what_it_is(data: bytes, error: ValueError) -> str:
+    """What a file that is not JSON holds, for the message that says so."""
+    if data[257:262] == b"ustar" or (len(data) >= 512 and data[148:156].strip(b" \0").isdigit()):
+        return "it is a tar archive (a shard: inspect shows its members)"
+    for magic, kind in ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd")):
+        if data.startswith(magic):
+            return f"it is {kind}-compressed data (a compressed shard?)"
+    if not data.strip():
+        return "it is empty"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "it holds binary data, not JSON text"
+    return f"its text is not JSON ({error})"
 
 
 def _read_bytes(location: str) -> bytes:

@@ -207,9 +207,9 @@ def _named(sources) -> list[tuple[str, Index]]:
 
 
 def _location_name(index: Index, folder: bool) -> str:
-    location = index.base if isinstance(index, ShardIndex) else index
-    if not location:
-        raise ValueError("a ShardIndex made in memory has no location to name it after: give (name, index)")
-    location = location.rstrip("/")
-    parent, file = os.path.split(location)
-    return os.path.basename(parent) or file if folder else os.path.splitext(file)[0]
+    if isinstance(index, ShardIndex):  # its base is its folder
+        if not index.base or not folder:
+            raise ValueError("name the sources given as ShardIndex objects: {name: index} or (name, index) pairs")
+        return os.path.basename(index.base.rstrip("/"))
+    parent, file = os.path.split(index.rstrip("/"))
+    return (os.path.basename(parent) or file) if folder else os.path.splitext(file)[0]

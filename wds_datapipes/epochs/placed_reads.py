@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import IndexMismatchError, ShardFormatError, ShardOpenError, shard_error
 from ..limits import Limits
-from ..shards.openers import ShardUrl, local_path, url_scheme
+from ..shards.openers import ShardUrl, local_path, plain_url, url_scheme
 from .places import MemberPlaces, SpanPlaces, stat_stamp
 
 logger = logging.getLogger("wds_datapipes")
@@ -126,6 +126,7 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
     A member is checked against the read it falls in, and only a member outside it (about one
     in twenty photos) asks whether it is large: the fewest steps per member."""
     fd = open_placed(path, url, stamp)
+    plain = plain_url(url)  # samples carry a plain str in __url__, as webdataset's do
     rows = span.rows
     offset = -1
     try:
@@ -167,7 +168,7 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
                     sample.update(last_fields)
                     yield sample
                 current = number
-                sample = {"__key__": next(keys), "__url__": url}
+                sample = {"__key__": next(keys), "__url__": plain}
             sample[suffix] = view[at : at + size] if at >= 0 else alone  # a copy of its own, or a view (views)
         if good < len(rows):  # the sample it is in is not yielded
             raise bad_place(url, span.name(good), int(rows["data"][good]), int(rows["size"][good]), filesize, limit)

@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import ShardFormatError, shard_error
 from ..handlers import EXACT_EPOCH_FLAG
 from ..limits import Limits
-from ..shards.openers import ShardUrl, local_path
+from ..shards.openers import ShardUrl, local_path, plain_url
 from . import placed_reads
 from .index import ShardIndex
 from .placed_reads import bad_members, bad_place, open_placed, places_of_samples, read_new, usable_stamp
@@ -89,6 +89,7 @@ class _Shard:
         span = places_of_samples(index.places, shard, url, lo, hi)
         rows = span.rows
         self.url = ShardUrl.opened(url)
+        self.plain = plain_url(url)  # what samples carry in __url__
         self.data = array("q", rows["data"].astype(np.int64).tobytes())
         self.sizes = array("q", rows["size"].astype(np.int64).tobytes())
         firsts = np.searchsorted(rows["sample"], np.arange(lo, hi + 1))  # per sample, its first member
@@ -142,7 +143,7 @@ class _PlacedShards:
         data, sizes, suffixes = s.data, s.sizes, s.suffixes
         if s.bad:
             self._check(s, a, b)
-        sample = {"__key__": s.keys[number - s.lo], "__url__": s.url}
+        sample = {"__key__": s.keys[number - s.lo], "__url__": s.plain}
         low, high = data[a], data[b - 1] + sizes[b - 1]  # the members and the headers between them
         if high - low <= self.chunk:
             view = self._read(s, a, b, low, high)

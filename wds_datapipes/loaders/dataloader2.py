@@ -18,14 +18,22 @@ it finds; elsewhere it warns once and leaves torchdata's loop in place.
 
 :func:`install` puts the loop in place for every ``MultiProcessingReadingService`` of
 the process (for code that builds torchdata's own); :func:`uninstall` takes it out.
+
+Built with torchdata's own ``MultiProcessingReadingService``, as torchdata's docs teach, a
+DataLoader2 over our pipes gets the fixed loop too: :func:`guard_torchdata` (run when
+``wds_datapipes`` is imported, or when torchdata's reading service module is imported
+later) wraps that class's ``initialize`` so that a graph holding a pipe of ours is set up
+with the fixed loop; a graph without one is set up exactly as before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.abc
 import logging
 import queue
+import sys
 import time
 import warnings
 
@@ -233,6 +241,81 @@ def reading_service_class() -> type:
     MultiProcessingReadingService.__module__ = "wds_datapipes"
     MultiProcessingReadingService.__qualname__ = "MultiProcessingReadingService"
     return MultiProcessingReadingService
+
+
+OUR_PACKAGES = ("wds_datapipes", "aisio")
+READING_SERVICE_MODULE = "torchdata.dataloader2.reading_service"
+
+
+def holds_our_pipes(datapipe) -> bool:
+    """Whether a pipe of this library (or of aisio) is in ``datapipe``'s graph."""
+    from ..torch_datapipes import traverse_dps
+
+    def walk(graph: dict) -> bool:
+        return any(type(node).__module__.split(".")[0] in OUR_PACKAGES or walk(children)
+                   for node, children in graph.values())
+
+    try:
+        return walk(traverse_dps(datapipe))
+    except Exception:  # noqa: BLE001 - a graph torch cannot walk: treated as not ours
+        return False
+
+
+def guard_torchdata() -> None:
+    """Wraps torchdata's ``MultiProcessingReadingService.initialize`` (once) to set up a graph of
+    our pipes with the fixed loop. Only where torchdata's reading service module is imported
+    already; :class:`_ReadingServiceWatcher` calls it when that module is imported later."""
+    module = sys.modules.get(READING_SERVICE_MODULE)
+    service = getattr(module, "MultiProcessingReadingService", None)
+    if service is None or getattr(service.initialize, "_wds_guarded", False):
+        return
+    original = service.initialize
+
+    @functools.wraps(original)
+    def initialize(self, datapipe):
+        if not holds_our_pipes(datapipe) or _fixed_loop_class() is None:
+            return original(self, datapipe)
+        with _fixed_loop():  # our pipes' workers yield different numbers of items: torchdata's loop fails
+            return original(self, datapipe)
+
+    initialize._wds_guarded = True
+    service.initialize = initialize
+
+
+class _ReadingServiceWatcher(importlib.abc.MetaPathFinder):
+    """Runs :func:`guard_torchdata` once torchdata's reading service module has been imported."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != READING_SERVICE_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _GuardingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _GuardingLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        guard_torchdata()
+
+
+def watch_torchdata() -> None:
+    """Guards torchdata's reading service now if it is imported, else when it is (no import here)."""
+    if READING_SERVICE_MODULE in sys.modules:
+        guard_torchdata()
+    elif not any(isinstance(finder, _ReadingServiceWatcher) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _ReadingServiceWatcher())
 
 
 def install() -> bool:

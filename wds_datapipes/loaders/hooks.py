@@ -1,9 +1,16 @@
 """The hooks loaders call on a whole pipeline: ``state_dict``, ``load_state_dict`` and ``set_epoch``.
 
 Registered on every ``IterDataPipe`` (and so on the wrapper the DataLoaders put around
-one) when ``wds_datapipes`` is imported: StatefulDataLoader then saves an exact epoch's
-position with its own checkpoints, and ``loader.dataset.set_epoch(e)`` reaches every pipe
-upstream that draws per-epoch orders, as it does for a ``DistributedSampler``.
+one) when ``wds_datapipes`` is imported: StatefulDataLoader and ``torchdata.nodes`` then
+save an exact epoch's position with their own checkpoints, and
+``loader.dataset.set_epoch(e)`` reaches every pipe upstream that draws per-epoch orders,
+as it does for a ``DistributedSampler``.
+
+A pipeline without an exact-epoch source (``ShardLister`` and friends) has a position too:
+its epoch and how many items it yielded in it. It resumes by reading that epoch again
+from its start (the same shard and sample orders: they follow the seeds and the epoch)
+and passing over those items, which is exact where the orders are seeded; only an index
+(``ExactEpochs``) resumes without reading anything twice.
 """
 
 from __future__ import annotations
@@ -13,9 +20,12 @@ from collections.abc import Mapping
 
 from ..epochs.epoch_pipe import EpochPipe
 from ..epochs.state import EpochState
+from ..topology import EpochSeed
 from ..torch_datapipes import IterDataPipe, traverse_dps
 
 _SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+REPLAY = "wds_datapipes.replay/1"  # the state of a pipeline without an exact-epoch source
+_SEEDED_NAMES = {"_SeededOrder": "the shard lister (shuffle=True)", "Shuffler": "shuffle_samples"}
 
 
 def _exact_source(pipe: IterDataPipe) -> tuple[EpochPipe, int] | None:
@@ -69,13 +79,19 @@ def pipeline_state_dict(pipe: IterDataPipe) -> dict | None:
     pipe = _unwrapped(pipe)
     found = _exact_source(pipe)
     if found is None:
-        return None
+        return _replay_state(pipe)
     source, unit = found
     return source.state_at(pipe._number_of_samples_yielded * unit).to_dict()
 
 
-def pipeline_load_state_dict(pipe: IterDataPipe, state: Mapping | EpochState) -> None:
-    """Loads an exact-epoch state into the exact-epoch source (ExactEpochs, MixedEpochs) upstream of ``pipe``."""
+def pipeline_load_state_dict(pipe: IterDataPipe, state: Mapping | EpochState | None) -> None:
+    """Loads a state into the exact-epoch source (ExactEpochs, MixedEpochs) upstream of ``pipe``, or
+    a replay state (see the module) into a pipeline without one."""
+    if state is None:  # saved by an earlier version, which kept no state for such pipelines
+        return
+    if isinstance(state, Mapping) and state.get("format") == REPLAY:
+        _load_replay(_unwrapped(pipe), state)
+        return
     found = _exact_source(_unwrapped(pipe))
     if found is None:
         raise ValueError(f"{type(pipe).__name__}: an exact-epoch state can only be loaded into a pipeline "
@@ -85,6 +101,68 @@ def pipeline_load_state_dict(pipe: IterDataPipe, state: Mapping | EpochState) ->
     for other in _epoch_aware(_unwrapped(pipe)):  # e.g. a random transform's draws: the same epoch
         if other is not source:
             other.set_epoch(source._clock.next_epoch())
+
+
+def _replay_state(pipe: IterDataPipe) -> dict:
+    seeds = _seeds(pipe)
+    items = pipe._number_of_samples_yielded
+    epoch = seeds[0].epoch - (items > 0) if seeds else 0  # an iteration has drawn its orders: the next epoch's count
+    unseeded = sorted({_SEEDED_NAMES.get(type(p).__name__, type(p).__name__) for p, s in _seeded_pipes(pipe)
+                       if s.seed is None and s.loader_seed is None
+                       and p.__dict__.get("shuffle_order", True)})  # a lister that does not shuffle draws nothing
+    # The loader seeds the epoch drew its orders from: StatefulDataLoader's checkpoint names a
+    # shared seed other than the one its workers were given for their first epoch.
+    return {"format": REPLAY, "epoch": max(epoch, 0), "items": items, "unseeded": unseeded,
+            "loader_seeds": [s.loader_seed for s in seeds]}
+
+
+def _load_replay(pipe: IterDataPipe, state: Mapping) -> None:
+    if state.get("unseeded"):
+        raise ValueError(f"this pipeline's position cannot be resumed exactly: {state['unseeded']} shuffled "
+                         "without a seed, so a new process draws other orders; give them seed= (or resume "
+                         "from a shard index with ExactEpochs)")
+    seeds, saved = _seeds(pipe), state.get("loader_seeds")
+    if saved is not None and len(saved) == len(seeds):  # the pipeline it was saved from
+        for seed, loader_seed in zip(seeds, saved, strict=True):
+            seed.loader_seed = loader_seed
+    for other in _epoch_aware(pipe):
+        other.set_epoch(int(state["epoch"]))
+    if int(state["items"]):
+        pipe._fast_forward_iterator = _Skipping(pipe, int(state["items"]))
+
+
+class _Skipping:
+    """The first iterator of a resumed pipeline: its epoch from the start, less ``count`` items.
+
+    torch hands it out as the pipe's next iterator (``_fast_forward_iterator``); a plain
+    object, not a generator, so that the pipe still pickles to loader workers.
+    """
+
+    def __init__(self, pipe: IterDataPipe, count: int):
+        self.pipe, self.count, self._it = pipe, count, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._it is None:
+            self._it = iter(self.pipe)  # a new iteration: torch took this object off the pipe first
+            for _ in range(self.count):
+                next(self._it)
+        return next(self._it)
+
+    def __getstate__(self) -> dict:
+        return {"pipe": self.pipe, "count": self.count, "_it": None}
+
+
+def _seeded_pipes(pipe: IterDataPipe) -> list:
+    """(pipe, its EpochSeed) for each pipe of ``pipe``'s graph that draws orders from seeds."""
+    return [(node, node.__dict__["seeds"]) for node in _all_pipes(traverse_dps(pipe))
+            if isinstance(node.__dict__.get("seeds"), EpochSeed)]
+
+
+def _seeds(pipe: IterDataPipe) -> list[EpochSeed]:
+    return [seeds for _, seeds in _seeded_pipes(pipe)]
 
 
 def pipeline_set_epoch(pipe: IterDataPipe, epoch: int) -> None:

@@ -12,7 +12,7 @@ from ..errors import SampleError
 from ..handlers import Handler, reraise_exception
 from ..pipe_base import Pipe
 from ..torch_datapipes import IterDataPipe, functional_datapipe
-from .openers import ShardUrl
+from .openers import ShardUrl, plain_url
 
 # webdataset's key rule, used where the fast split below does not apply.
 _KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -113,6 +113,7 @@ def group_members(url: str, members: Iterable[tuple[str, bytes]], handler: Handl
     key = None
     skipping = False  # the current sample hit an error the handler chose to skip
     seen: set[str] = set()
+    plain = plain_url(url)  # samples carry a plain str, as webdataset's do; ``url`` keeps the opening
     for name, data in members:
         # split_key's common case, inlined: this loop runs once per tar member.
         slash = name.rfind("/")
@@ -130,7 +131,7 @@ def group_members(url: str, members: Iterable[tuple[str, bytes]], handler: Handl
             if report_split_keys:
                 _check_split(url, member_key, name, seen)
             key, skipping = member_key, False
-            sample = {"__key__": key, "__url__": url}
+            sample = {"__key__": key, "__url__": plain}
         elif suffix in sample:
             if not skipping:
                 error = SampleError(url, key, f"suffix {suffix!r} repeats within the sample", member=name)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import inspect
 import os
+import select
 import signal
 import subprocess
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import BinaryIO
 
-from ..errors import ShardOpenError, WdsError, shard_error
+from ..errors import ShardOpenError, ShardReadError, WdsError, shard_error
 from ..limits import Limits, get_limits
 from .http_stream import HttpStream
 
@@ -64,6 +65,17 @@ class LocalPath(ShardUrl):
 
     def __reduce__(self) -> tuple:
         return LocalPath, (self[self.prefix_length :], self[: self.prefix_length])
+
+
+def plain_url(url: str) -> str:
+    """What a sample carries in ``__url__``: a plain ``str``, as webdataset's samples do, that
+    opens the same shard again. A path found on disk whose text reads as a ``pipe:`` command
+    or another URL (``pipe:touch x #.tar``) becomes its absolute path: handed back to a
+    lister, it is still the file."""
+    plain = str(url)
+    if isinstance(url, LocalPath) and url_scheme(plain) != "file":
+        return os.path.abspath(local_path(url))
+    return plain
 
 
 def url_scheme(url: str) -> str:
@@ -191,30 +203,60 @@ def _open_http(url: str, start: int = 0, limits: Limits | None = None) -> Binary
 
 
 class _CommandStream:
-    """The standard output of a shell command; closing it checks the exit status.
+    """The standard output of a shell command, as it arrives; closing it checks the exit status.
 
-    A command still running ``limits.pipe_grace`` seconds after its output was closed
+    Reads return what the command has written so far (the pipe is unbuffered), so a shard
+    whose command writes it and then lingers (``cat x.tar; sleep 30``, an ``ssh`` that
+    stays connected) gives its samples at once. A command that writes nothing for
+    ``limits.pipe_timeout`` seconds mid-shard (a hung ``curl`` or ``aws s3 cp``) is stopped
+    and the read fails naming it, instead of waiting forever while the other ranks time
+    out. A command still running ``limits.pipe_grace`` seconds after its output was closed
     (read to the end, or closed early by the reader) is stopped, with the commands it
     started, and reported: it would otherwise hold the epoch forever.
     """
 
     def __init__(self, url: str, limits: Limits | None = None):
+        limits = limits or get_limits()
         self.url = url
-        self.grace = (limits or get_limits()).pipe_grace
+        self.grace, self.timeout = limits.pipe_grace, limits.pipe_timeout
         # Its own session and process group, so that stopping it reaches what its shell started.
-        self._proc = subprocess.Popen(url[len("pipe:"):], shell=True, stdout=subprocess.PIPE,
+        self._proc = subprocess.Popen(url[len("pipe:"):], shell=True, stdout=subprocess.PIPE, bufsize=0,
                                       start_new_session=True)
-
-    def read(self, size: int = -1) -> bytes:
-        return self._proc.stdout.read(size)
+        self._out = self._proc.stdout  # raw: a read returns what has arrived, not a full buffer
+        self._passed = 0  # bytes read so far, for errors
 
     def readinto(self, buffer) -> int:
-        return self._proc.stdout.readinto(buffer)
+        self._wait_for_output()
+        n = self._out.readinto(buffer) or 0
+        self._passed += n
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        if size is not None and size >= 0:
+            self._wait_for_output()
+            data = self._out.read(size) or b""
+            self._passed += len(data)
+            return data
+        parts = []
+        while chunk := self.read(1 << 20):
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def _wait_for_output(self) -> None:
+        """Returns once the command has written something or closed its output; a command
+        silent for ``pipe_timeout`` seconds is stopped and the read fails."""
+        if not self.timeout:
+            return
+        ready, _, _ = select.select([self._out], [], [], self.timeout)
+        if not ready:
+            self._stop()
+            raise ShardReadError(self.url, None, self._passed, f"the command wrote nothing for {self.timeout:g} s "
+                                 "(Limits.pipe_timeout); it was stopped")
 
     def close(self) -> None:
-        if self._proc.stdout.closed:
+        if self._out.closed:
             return
-        self._proc.stdout.close()
+        self._out.close()
         try:
             status = self._proc.wait(timeout=self.grace)
         except subprocess.TimeoutExpired:
@@ -222,7 +264,7 @@ class _CommandStream:
             raise ShardOpenError(self.url, f"the command was still running {self.grace:g} s after its output "
                                            "was closed (Limits.pipe_grace); it was stopped") from None
         # A reader that stops early closes the pipe; the command then dies of SIGPIPE.
-        if status not in (0, -13, 141):
+        if status not in (0, -13, 141, -9):
             raise ShardOpenError(self.url, f"command exited with status {status}")
 
     def _stop(self) -> None:
@@ -231,7 +273,6 @@ class _CommandStream:
         except ProcessLookupError:
             pass
         self._proc.wait()
-
 
 
 register_opener("file", _open_file)

@@ -142,6 +142,7 @@ class HeaderKinds:
             sparse, data_start = self._old_sparse_map(pos, header, name)
         first = header.offset if entry_start is None else entry_start
         if skip_data is not None and skip_data(name):
+            self.seeked = (name, header.offset, self.blocks.base + data_start, size)
             place = (first, None if sparse is not None else self.blocks.base + data_start, size)
             return next_header(data_start, size), None, None, (name, place if with_offsets else None)
         real = sparse.real_size if sparse is not None else size

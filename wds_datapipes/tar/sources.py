@@ -9,6 +9,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import os
 from typing import BinaryIO
 
 from ..errors import ShardOpenError, WdsError, shard_error
@@ -57,6 +58,13 @@ class Source:
             raise shard_error(exn, self.url, None, self.pos) from exn
         self.pos += len(data)
         return data
+
+    def size(self) -> int | None:
+        """The stream's length where it can tell (a file), else None."""
+        try:
+            return os.fstat(self.stream.fileno()).st_size
+        except (AttributeError, OSError, ValueError):
+            return None
 
     def skip(self, count: int) -> None:
         """Moves ``count`` bytes on: a seek where the stream can (nothing is read)."""

@@ -118,6 +118,7 @@ class TarWalk(HeaderKinds):
         self.compression: str | None = None
         self.blocks = BlockReader(self.source.readinto, chunk_size, start,
                                    self.source.skip if self.source.seekable else None)
+        self.seeked: tuple[str, int, int, int] | None = None  # (name, header offset, data offset, size)
 
     def members(self, skip_data: Callable[[str], bool] | None = None,
                 with_offsets: bool = False) -> Iterator[tuple[str, bytes | int | None]]:
@@ -180,8 +181,10 @@ class TarWalk(HeaderKinds):
                             start, buf, view = 0, reader.buf, reader.view
                         yield name, bytes(view[start : start + size])
                     elif with_offsets:
+                        self.seeked = (name, offset, reader.base + start, size)
                         yield name, (offset if entry_start is None else entry_start, reader.base + start, size)
                     else:  # its bytes are skipped: the next header's fill seeks or reads past them
+                        self.seeked = (name, offset, reader.base + start, size)
                         yield name, None
                     entry_start = None
                     pos = start + ((size + BLOCK - 1) & ~(BLOCK - 1))
@@ -241,6 +244,8 @@ class TarWalk(HeaderKinds):
     def _fill_header(self, pos: int, member: str | None) -> None:
         reader = self.blocks
         available = self._fill(pos, BLOCK, member, None)
+        if available < BLOCK:
+            self._check_seeked()
         if available == 0:
             # tarfile accepts this; we do not: a shard cut at a block boundary would
             # otherwise lose its remaining members without a word.
@@ -248,6 +253,17 @@ class TarWalk(HeaderKinds):
                                    "truncated: the stream ends before tar's end-of-archive block")
         if available < BLOCK:
             raise ShardFormatError(self.url, member, reader.base, "truncated tar header")
+
+    def _check_seeked(self) -> None:
+        """Where the stream ends inside the bytes of a member that were seeked over (an index
+        scan reads headers only), the error is that member's, as a read of its bytes gives it."""
+        if self.seeked is None or self.compression:
+            return
+        name, offset, data, size = self.seeked
+        end = self.source.size()
+        if end is not None and end < data + size:
+            raise ShardFormatError(self.url, name, offset,
+                                   f"truncated: member needs {size} bytes, the stream ends after {max(end - data, 0)}")
 
     def _fill_data(self, pos: int, size: int, name: str, offset: int) -> None:
         available = self._fill(pos, size, name, offset)
