@@ -55,11 +55,12 @@ test-newest: setup-newest
 test-core: setup
 	$(BIN)/python -m pytest -q tests --ignore=tests/aisio
 
-# The pipeline rows on the tested stack, then the vision recipe under torchdata.nodes
+# The pipeline rows and the audio and video rows on the tested stack, then the vision recipe under torchdata.nodes
 # (only the newest stack has it) beside DataLoader on the same photos.
 bench: setup setup-newest
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/bench_pipeline.py
+	$(BIN)/python benchmarks/bench_media.py
 	$(NEWEST)/bin/python benchmarks/bench_nodes.py
 
 bench-epochs: setup

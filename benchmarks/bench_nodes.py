@@ -6,7 +6,7 @@ On bench_pipeline.py's photos (2,000 JPEGs of 300-500 px), each made a 224x224 u
 (resize the short side to 256, centre crop) in batches of 64, by the wall clock, the rows
 timed in turn at least five times (the machine's speed moves within seconds):
 
-- the ceiling: torchvision's decode_jpeg + transform over bytes in memory, in 2 threads;
+- the ceiling: the crops' decoder (TorchCodec's here) + torchvision's transform over bytes in memory, in 2 threads;
 - ours in one process: ``decode_batches(num_threads=2, transform=...)``;
 - torchdata.nodes driving that pipe: ``Loader(IterableWrapper(pipe))``, and with a
   ``Prefetcher`` (a thread of its own, which the pipe's decoding threads do not need);
@@ -33,6 +33,7 @@ from bench_pipeline import BATCH, EVAL, Table, bare_vision, ours_vision, torchvi
 from shards import make_photo_shards
 
 import wds_datapipes as wd
+from wds_datapipes.decoding.vision import tensor_decoders
 
 
 def nodes_over_our_pipe(files: list[str], prefetch: bool):
@@ -42,10 +43,10 @@ def nodes_over_our_pipe(files: list[str], prefetch: bool):
 
 def nodes_per_sample(files: list[str]):
     crop = torchvision_transform(EVAL)
+    decode_jpeg = tensor_decoders()["JPEG"]  # TorchCodec's on this stack, as in our crops and the ceiling
 
     def decode(sample: dict) -> tuple[torch.Tensor, int]:
-        data = torch.frombuffer(bytearray(sample["jpg"]), dtype=torch.uint8)
-        return crop(torchvision.io.decode_jpeg(data, mode=torchvision.io.ImageReadMode.RGB)), int(sample["cls"])
+        return crop(decode_jpeg(torch.frombuffer(bytearray(sample["jpg"]), dtype=torch.uint8))), int(sample["cls"])
 
     def stack(batch: list) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.stack([image for image, _ in batch]), torch.tensor([label for _, label in batch])

@@ -65,7 +65,7 @@ from torchvision.transforms import v2 as T
 
 import wds_datapipes as wd
 from wds_datapipes.decoding.images import decode_image
-from wds_datapipes.decoding.vision import CenterCrop, RandomResizedCrop
+from wds_datapipes.decoding.vision import CenterCrop, RandomResizedCrop, tensor_decoders
 from wds_datapipes.epochs import places as member_places
 from wds_datapipes.pipe_base import Pipe
 from wds_datapipes.shards.openers import local_path
@@ -276,12 +276,14 @@ def torchvision_transform(transform) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def bare_vision(jpgs: list[bytes], transform, threads: int) -> Callable[[], Iterable]:
-    """decode_jpeg + the transform over bytes in memory, in ``threads`` threads, into batches."""
+    """decode_jpeg + the transform over bytes in memory, in ``threads`` threads, into batches.
+    The decoder is the one our crops use: torchvision's, or TorchCodec's where torchvision
+    deprecates its own (the same pixels at the same speed: docs/media.md)."""
     tf = torchvision_transform(transform)
+    decode_jpeg = tensor_decoders()["JPEG"]
 
     def one(jpg: bytes) -> torch.Tensor:
-        data = torch.frombuffer(bytearray(jpg), dtype=torch.uint8)
-        return tf(torchvision.io.decode_jpeg(data, mode=torchvision.io.ImageReadMode.RGB))
+        return tf(decode_jpeg(torch.frombuffer(bytearray(jpg), dtype=torch.uint8)))
 
     def run():
         if threads == 1:

@@ -112,7 +112,26 @@ def docs_data(tmp_path_factory) -> Path:
                     writer.write({"__key__": f"{name}{shard}-{i}", "jpg": _jpeg(rng), "cls": str(i % 10)})
         command = [sys.executable, "-m", "wds_datapipes", "index", f"data/{name}/", "-o", f"data/{name}/index.json"]
         subprocess.run(command, cwd=root, check=True, capture_output=True, timeout=120)
+    _speech_shards(root / "data", rng)
     return root
+
+
+def _speech_shards(data: Path, rng: np.random.Generator) -> None:
+    """docs/media.md's ``data/speech-{000000..000001}.tar``: flac tones of 0.5-1.5 s and a transcript
+    (where TorchCodec can encode them; its page's block needs it anyway)."""
+    try:
+        import torch
+        from torchcodec.encoders import AudioEncoder
+    except (ImportError, RuntimeError, OSError):
+        return
+    for shard in range(2):
+        with wds.TarWriter(str(data / f"speech-{shard:06d}.tar")) as writer:
+            for i in range(10):
+                seconds = rng.uniform(0.5, 1.5)
+                t = torch.arange(int(seconds * 22050)) / 22050
+                tone = 0.3 * torch.sin(2 * np.pi * 220 * (1 + i) * t).repeat(2, 1)
+                flac = AudioEncoder(tone, sample_rate=22050).to_tensor("flac").numpy().tobytes()
+                writer.write({"__key__": f"utt{shard}-{i}", "flac": flac, "txt": f"tone {i}"})
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)], ids=lambda p: p.name)

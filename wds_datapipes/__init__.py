@@ -13,6 +13,7 @@ from . import _moved
 from .allocator import keep_freed_memory
 from .decoding.batch_decoder import BatchDecoder
 from .decoding.decoder import Decoder
+from .decoding.media import Audio, AudioBatch, AudioSpec, Video, VideoSpec, collate_media
 from .decoding.vision import CenterCrop, RandomResizedCrop
 from .epochs.exact_epochs import ExactEpochs
 from .epochs.index import ShardIndex, ShardInfo, build_index, scan_shard
@@ -56,6 +57,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "Audio",
+    "AudioBatch",
+    "AudioSpec",
     "BatchDecoder",
     "Batcher",
     "CenterCrop",
@@ -85,10 +89,13 @@ __all__ = [
     "TarLoader",
     "Topology",
     "TupleMaker",
+    "Video",
+    "VideoSpec",
     "WdsError",
     "WebDatasetGrouper",
     "build_index",
     "collate",
+    "collate_media",
     "get_limits",
     "ignore_and_continue",
     "keep_freed_memory",

@@ -51,6 +51,14 @@ class Limits:
         pipe_timeout: seconds a ``pipe:`` command may write nothing while its shard is read
             (a hung download); then it is stopped and the read fails naming it: default 120
             (0: wait for ever).
+        max_media_seconds: the longest audio or video decoded (the clip, where one is asked
+            for), in seconds: default 3600.
+        max_video_frames: the most frames decoded from one video field: default 2048.
+        max_frame_pixels: the largest video frame decoded, in pixels (width x height):
+            default 2**23 (4K UHD, 3840 x 2160, fits).
+        max_media_bytes: the most one decoded audio or video field may take (float32
+            samples x channels, or frames x 3 x pixels): default 256 MiB. All four are
+            checked from the container's metadata before anything is decoded.
     """
 
     max_member_bytes: int = 128 * MiB
@@ -62,6 +70,10 @@ class Limits:
     http_retries: int = 5
     pipe_grace: float = 10.0
     pipe_timeout: float = 120.0
+    max_media_seconds: float = 3600.0
+    max_video_frames: int = 2048
+    max_frame_pixels: int = 1 << 23
+    max_media_bytes: int = 256 * MiB
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

@@ -198,7 +198,7 @@ def test_numpy_uint8_images_are_writable():
 
 
 def test_unknown_image_spec_is_refused_when_the_pipe_is_built():
-    with pytest.raises(ValueError, match="unknown image spec 'rgb16'"):
+    with pytest.raises(ValueError, match="unknown decode spec 'rgb16'"):
         Decoder(IterableWrapper([]), "rgb16")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 import pytest
@@ -13,7 +14,12 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 import wds_datapipes as wd
 from wds_datapipes.decoding import vision
-from wds_datapipes.decoding.vision import CenterCrop, RandomResizedCrop
+from wds_datapipes.decoding.vision import (
+    TORCHVISION_DEPRECATES_DECODING,
+    CenterCrop,
+    RandomResizedCrop,
+    tensor_decoders,
+)
 
 tv = pytest.importorskip("torchvision", reason="torchvision is a dependency; missing only on odd stacks")
 T = pytest.importorskip("torchvision.transforms.v2")
@@ -39,7 +45,31 @@ def _samples(n: int = 12, fmt: str = "JPEG", suffix: str = "jpg") -> list[dict]:
 
 
 def _decoded(data: bytes) -> torch.Tensor:
-    return tv.io.decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tv.io.ImageReadMode.RGB)
+    return tensor_decoders()["JPEG"](torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+
+@pytest.mark.parametrize(("fmt", "decode"), [("JPEG", "decode_jpeg"), ("PNG", "decode_png")])
+def test_torchcodec_and_torchvision_decode_the_same_pixels(fmt, decode):
+    decoders = pytest.importorskip("torchcodec.decoders", reason="TorchCodec is not installed")
+    for i, size in enumerate([*SIZES, (17, 9)]):
+        data = torch.frombuffer(bytearray(_photo(i, *size, fmt)), dtype=torch.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torchvision >= 0.29 deprecates its own
+            expected = getattr(tv.io, decode)(data, mode=tv.io.ImageReadMode.RGB)
+        assert torch.equal(getattr(decoders, decode)(data, mode="RGB"), expected)
+
+
+def test_the_crops_call_no_deprecated_decoder():
+    """On torchvision >= 0.29 the crops decode through TorchCodec: no DeprecationWarning."""
+    release = tuple(int(p) for p in tv.__version__.split("+")[0].split(".")[:2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        for fmt, suffix in (("JPEG", "jpg"), ("PNG", "png")):
+            batches = list(IterableWrapper(_samples(4, fmt, suffix)).decode_batches(
+                "torchrgb8", batch_size=4, transform=CenterCrop(32, 40)))
+            assert batches[0][suffix].shape == (4, 3, 32, 32)
+    uses = tensor_decoders()["JPEG"].func.__module__
+    assert ("torchcodec" in uses) == (release >= TORCHVISION_DEPRECATES_DECODING)
 
 
 @pytest.mark.parametrize("threads", [0, 2])
@@ -109,8 +139,7 @@ def test_pngs_and_greyscale_jpegs_take_the_same_path():
     (batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=5, transform=CenterCrop(64, 80))
     assert batch["png"].shape == (5, 3, 64, 64)
     reference = T.Compose([T.Resize(80, antialias=True), T.CenterCrop(64)])
-    decoded = tv.io.decode_png(torch.frombuffer(bytearray(samples[0]["png"]), dtype=torch.uint8),
-                               mode=tv.io.ImageReadMode.RGB)
+    decoded = tensor_decoders()["PNG"](torch.frombuffer(bytearray(samples[0]["png"]), dtype=torch.uint8))
     assert torch.equal(batch["png"][0], reference(decoded))
 
 

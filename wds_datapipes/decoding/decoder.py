@@ -1,4 +1,4 @@
-"""Decoding of sample fields (images, text, numbers, JSON, arrays, tensors), by webdataset's rules.
+"""Decoding of sample fields (images, audio, video, text, numbers, JSON, arrays, tensors), by webdataset's rules.
 
 A sample's fields hold raw bytes. A decoder turns each one into a value chosen by its
 suffix: the user's handlers first, then the built-in ones, which pick a decoder by the
@@ -20,6 +20,7 @@ from ..pipe_base import Pipe
 from ..threads import check_positive, ordered_map, worker_threads
 from ..torch_datapipes import IterDataPipe, functional_datapipe
 from .images import check_image_formats, image_formats_for
+from .media import AudioSpec, VideoSpec, media_handler
 from .specs import Spec, compile_spec, split_names
 from .values import SAFE_DECODERS, TRUSTING_DECODERS, gunzip
 
@@ -28,7 +29,9 @@ class SampleDecoder:
     """Decodes the fields of one sample dict; the logic of :class:`Decoder`, usable without a pipe.
 
     For each field, in order: ``.gz`` layers are gunzipped; then each spec is tried in the
-    order given (an image spec name takes image suffixes; a callable ``fn(".suffix", data)``
+    order given (an image spec name takes image suffixes; ``"audio"`` / ``"video"`` or an
+    :class:`~wds_datapipes.decoding.media.AudioSpec` / ``VideoSpec`` take audio / video
+    suffixes (see :mod:`~wds_datapipes.decoding.media`); a callable ``fn(".suffix", data)``
     takes the field when it returns something other than None, and gets the suffix with a
     leading dot, as webdataset's handlers do, so those work here unchanged; a dict
     ``{pattern: fn(data)}`` takes the field when a pattern matches its suffix, ``fnmatch``
@@ -40,7 +43,8 @@ class SampleDecoder:
     - npy -> numpy array; npz -> dict of arrays; pth -> ``torch.load`` (CPU)
     - ten tb tenbin -> webdataset's tenbin; pyd pickle pkl -> pickle, only if allowed
 
-    Anything else stays as it was. Fields whose name starts with ``__`` and values that
+    Anything else (audio and video too, unless a spec asks for them) stays as it was.
+    Fields whose name starts with ``__`` and values that
     are not bytes-like (already decoded) pass through unchanged.
 
     Where we differ from webdataset 1.0.2 on purpose: ``class`` and ``count`` become int and
@@ -61,20 +65,21 @@ class SampleDecoder:
             of Pillow format names (``["JPEG", "PNG", "WEBP"]``) opens every image field as
             any of them, for data whose suffixes lie; formats that start another program
             (EPS) open only when named here.
-        limits: the largest image (pixels), ``.gz`` field and npy/npz arrays decoded (see
-            :class:`~wds_datapipes.limits.Limits`); default: :func:`~wds_datapipes.limits.get_limits`.
+        limits: the largest image (pixels), ``.gz`` field, npy/npz arrays, audio and video
+            decoded (see :class:`~wds_datapipes.limits.Limits`); default:
+            :func:`~wds_datapipes.limits.get_limits`.
     """
 
     def __init__(
         self,
-        *specs: Spec,
+        *specs: Spec | AudioSpec | VideoSpec,
         only: str | Iterable[str] | None = None,
         allow_pickle: bool = False,
         image_formats: Iterable[str] | None = None,
         limits: Limits | None = None,
     ):
         self.specs = specs
-        self.handlers = [compile_spec(spec) for spec in specs]
+        self.handlers = [media_handler(spec) or compile_spec(spec) for spec in specs]
         self.only = split_names(only)
         self.allow_pickle = allow_pickle
         self.image_formats = None if image_formats is None else check_image_formats(image_formats)
@@ -132,7 +137,7 @@ class Decoder(Pipe[dict]):
     Fields are decoded by :class:`SampleDecoder`'s rules: the specs given here first, then
     the built-ins (text, int, JSON, msgpack, cbor, npy, npz, pth, tenbin; pickle only with
     ``allow_pickle``), by the last dot-part of each suffix; unknown fields stay bytes.
-    Images stay bytes unless an image spec is given. A sample whose decoding fails is
+    Images, audio and video stay bytes unless a spec for them is given. A sample whose decoding fails is
     either passed whole to ``handler`` (as a DecodeError naming the shard URL, key and
     field) and skipped when the handler returns True, or the error stops the run; a
     half-decoded sample is never yielded.
@@ -140,7 +145,9 @@ class Decoder(Pipe[dict]):
     Args:
         source_datapipe: yields sample dicts (``__key__``, ``__url__``, one entry per suffix).
         *specs: image spec names (``"rgb8"``, ``"torchrgb"``, ``"pil"``, ... see
-            ``IMAGE_SPECS``), callables ``fn(".suffix", data) -> value or None`` (None: not
+            ``IMAGE_SPECS``), ``"audio"`` and ``"video"`` (or an ``AudioSpec(sample_rate=16000,
+            mono=True)``, a ``VideoSpec(start=0, duration=2, num_frames=8)``: see
+            :mod:`~wds_datapipes.decoding.media`), callables ``fn(".suffix", data) -> value or None`` (None: not
             mine, try the next), or dicts ``{suffix or glob: fn(data) -> value}`` (e.g.
             ``{"seg.png": f, "*.npy": g}``). They are tried in order, before the built-ins.
         only: the field names to decode (list, or string separated by spaces or commas);
@@ -155,8 +162,8 @@ class Decoder(Pipe[dict]):
             names (``.jpg`` as JPEG, ...); a list of Pillow format names widens that for
             every image field (``["JPEG", "PNG"]`` for mislabeled files). EPS, which starts
             Ghostscript, opens only when named here.
-        limits: the largest image (pixels), ``.gz`` field and npy/npz arrays decoded; by
-            default the process's :func:`~wds_datapipes.limits.get_limits` when the pipe is built.
+        limits: the largest image (pixels), ``.gz`` field, npy/npz arrays, audio and video
+            decoded; by default the process's :func:`~wds_datapipes.limits.get_limits` when the pipe is built.
 
     Example:
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
@@ -168,7 +175,7 @@ class Decoder(Pipe[dict]):
     def __init__(
         self,
         source_datapipe: IterDataPipe[dict],
-        *specs: Spec,
+        *specs: Spec | AudioSpec | VideoSpec,
         only: str | Iterable[str] | None = None,
         handler: Handler = reraise_exception,
         allow_pickle: bool = False,

@@ -38,7 +38,8 @@ class ImageHandler:
 
     def __init__(self, name: str):
         if name not in IMAGE_SPECS:
-            raise ValueError(f"unknown image spec {name!r}; known: {' '.join(IMAGE_SPECS)}")
+            raise ValueError(f"unknown decode spec {name!r}; known: {' '.join(IMAGE_SPECS)} (images), "
+                             "audio, video (or an AudioSpec / VideoSpec)")
         self.name, self.spec = name, IMAGE_SPECS[name]
 
     def __call__(self, suffix: str, data: bytes, decoder: SampleDecoder) -> Any:
@@ -78,5 +79,6 @@ def compile_spec(spec: Spec) -> ImageHandler | PatternHandler | CallableHandler:
         return PatternHandler(spec)
     if callable(spec):
         return CallableHandler(spec)
-    raise TypeError(f"a decode spec is an image spec name, a callable or a dict, not {spec!r}")
+    raise TypeError(f"a decode spec is an image spec name, 'audio' or 'video', an AudioSpec or VideoSpec, "
+                    f"a callable or a dict, not {spec!r}")
 

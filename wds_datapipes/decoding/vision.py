@@ -13,13 +13,17 @@ Two transforms, with torchvision's parameters and semantics:
 
 :func:`decode_transform_into` decodes one image and writes the transformed pixels into a
 row of a batch; ``decode_batches(..., transform=...)`` runs it in its thread pool, on images
-of any mix of sizes. With torchvision (``torchvision.io`` decoders, its uint8 antialiased
-resize) the result equals torchvision's own transform of the same decoded image; without
-it, Pillow decodes and resizes (bilinear with its own antialiasing: close, not equal).
+of any mix of sizes. With torchvision (its uint8 antialiased resize) the result equals
+torchvision's own transform of the same decoded image; without it, Pillow decodes and
+resizes (bilinear with its own antialiasing: close, not equal). JPEG and PNG are decoded
+by ``torchvision.io`` up to torchvision 0.28, and by TorchCodec's image decoders where
+torchvision deprecates its own (0.29 on) and TorchCodec is installed: the same pixels at
+the same speed (``tests/decoding/test_vision.py``, ``make bench``).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import random
@@ -38,7 +42,28 @@ try:
 except ImportError:  # Pillow is the fallback
     torchvision = None
 
-__all__ = ["CenterCrop", "Crop", "RandomResizedCrop", "decode_transform_into"]
+__all__ = ["CenterCrop", "Crop", "RandomResizedCrop", "decode_transform_into", "tensor_decoders"]
+
+TORCHVISION_DEPRECATES_DECODING = (0, 29)  # torchvision.io's decoders warn from this release on
+
+
+@functools.cache
+def tensor_decoders() -> dict[str, object] | None:
+    """``{"JPEG": fn, "PNG": fn}``, each ``fn(uint8 tensor of the encoded bytes) -> uint8 3xHxW``
+    (RGB): TorchCodec's where torchvision deprecates its own and TorchCodec imports, else
+    torchvision's; None without torchvision (Pillow decodes then)."""
+    if torchvision is None:
+        return None
+    release = tuple(int(part) for part in torchvision.__version__.split("+")[0].split(".")[:2])
+    if release >= TORCHVISION_DEPRECATES_DECODING:
+        try:
+            from torchcodec.decoders import decode_jpeg, decode_png
+        except (ImportError, OSError, RuntimeError):  # not installed, or its libraries do not load
+            pass
+        else:
+            return {"JPEG": functools.partial(decode_jpeg, mode="RGB"), "PNG": functools.partial(decode_png, mode="RGB")}
+    return {"JPEG": functools.partial(torchvision.io.decode_jpeg, mode=ImageReadMode.RGB),
+            "PNG": functools.partial(torchvision.io.decode_png, mode=ImageReadMode.RGB)}
 
 
 @dataclass(frozen=True)
@@ -133,11 +158,11 @@ def decode_transform_into(data: bytes, formats: tuple[str, ...], transform, key:
     """Decodes image bytes (as one of ``formats``), transforms them, writes them into ``row``
     (3xSxS uint8); an image of more than ``max_pixels`` is refused from its header."""
     check_image_pixels(data, formats, max_pixels)
-    if torchvision is not None and formats in (("JPEG",), ("PNG",)):
+    decoders = tensor_decoders()
+    if decoders is not None and formats in (("JPEG",), ("PNG",)):
         writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
         encoded = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)  # torch warns on read-only
-        decode = torchvision.io.decode_jpeg if formats == ("JPEG",) else torchvision.io.decode_png
-        image = decode(encoded, mode=ImageReadMode.RGB)
+        image = decoders[formats[0]](encoded)
         row.copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
         return
     with io.BytesIO(data) as stream:
