@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 NEWEST := .venv-newest
 NEWEST_INSTALLED := $(NEWEST)/.installed
 
-.PHONY: ffmpeg bench-media setup setup-newest train test test-main test-newest test-core bench bench-epochs bench-nodes bench-ais lint clean
+.PHONY: ffmpeg bench-media setup setup-newest train test test-main test-newest test-core bench bench-epochs bench-nodes bench-ais bench-cache lint clean
 
 setup: $(INSTALLED)
 
@@ -72,6 +72,9 @@ bench-nodes: setup-newest
 bench-media: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/bench_media.py
+
+bench-cache: setup
+	$(BIN)/python benchmarks/bench_cache.py
 
 bench-ais: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'

@@ -117,6 +117,14 @@ class AISObjectStream(io.RawIOBase):
         super().close()
 
     @property
+    def version(self) -> str | None:
+        """The object's version and checksum as the cluster gave them (the shard cache keys its
+        copy by them), or None."""
+        if self._identity is None or self._identity == (None, None):
+            return None
+        return "/".join(part or "" for part in self._identity)
+
+    @property
     def position(self) -> int:
         """The object's byte offset of the next byte to return (``start`` + bytes returned)."""
         return self._pos

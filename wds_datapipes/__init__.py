@@ -38,6 +38,7 @@ from .pipes.batching import Batcher, collate
 from .pipes.fields import FieldMapper, KeyRenamer, TupleMaker
 from .pipes.mixing import RandomMix
 from .pipes.shuffling import Shuffler
+from .shards.cache import CacheSettings, CacheStats, cache_stats, get_cache, set_cache, verify_cache
 from .shards.grouping import WebDatasetGrouper, split_key
 from .shards.listing import ShardListBase, ShardLister
 from .shards.openers import open_shard, register_opener
@@ -62,6 +63,8 @@ __all__ = [
     "AudioSpec",
     "BatchDecoder",
     "Batcher",
+    "CacheSettings",
+    "CacheStats",
     "CenterCrop",
     "DecodeError",
     "Decoder",
@@ -94,8 +97,10 @@ __all__ = [
     "WdsError",
     "WebDatasetGrouper",
     "build_index",
+    "cache_stats",
     "collate",
     "collate_media",
+    "get_cache",
     "get_limits",
     "ignore_and_continue",
     "keep_freed_memory",
@@ -103,7 +108,9 @@ __all__ = [
     "register_opener",
     "reraise_exception",
     "scan_shard",
+    "set_cache",
     "set_limits",
     "split_key",
+    "verify_cache",
     "warn_and_continue",
 ]

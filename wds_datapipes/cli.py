@@ -7,7 +7,9 @@
 - ``inspect index.json|URL``: what is in a dataset or a shard, like ``tar tv``: shards,
   samples, fields and their sizes.
 - ``verify index.json``: every shard readable, its samples and size as the index says,
-  keys unique; exit status 1 naming the shard and member otherwise.
+  keys unique; exit status 1 naming the shard and member otherwise. ``verify --cache``
+  checks the local shard cache (``$WDS_CACHE_DIR``, or ``--cache-dir``): each complete
+  copy's size and CRC-32 as downloaded; a bad copy is removed (it is fetched again).
 """
 
 from __future__ import annotations
@@ -84,7 +86,9 @@ def _parser() -> argparse.ArgumentParser:
         "samples and bytes the index says (and the same sample offsets and member places), and have unique keys. "
         "Prints each problem with its shard and member, and exits with status 1 if there is any.",
     )
-    verify.add_argument("index", help="the index file")
+    verify.add_argument("index", nargs="?", help="the index file")
+    verify.add_argument("--cache", action="store_true", help="check the local shard cache ($WDS_CACHE_DIR) too")
+    verify.add_argument("--cache-dir", help="the shard cache to check (implies --cache)")
     verify.add_argument("-j", "--jobs", type=int, default=8, help="shards read at a time (default 8)")
     verify.add_argument("--across-shards", action="store_true",
                         help="also check that no key appears in two shards (holds every key in memory)")
@@ -306,6 +310,22 @@ def _bytes(n: float) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if args.cache or args.cache_dir:
+        from .shards.cache import CacheSettings, get_cache, verify_cache
+
+        settings = CacheSettings(os.path.abspath(args.cache_dir), 0) if args.cache_dir else get_cache()
+        if settings is None:
+            print("no shard cache to check: set WDS_CACHE_DIR or give --cache-dir", file=sys.stderr)
+            return 2
+        bad = verify_cache(settings)
+        for problem in bad:
+            print(f"cache: {problem} (removed)")
+        print(f"{settings.directory}: {len(bad)} bad cached shard{'s' * (len(bad) != 1)}", file=sys.stderr)
+        if args.index is None or bad:
+            return 1 if bad else 0
+    if args.index is None:
+        print("verify: give an index, or --cache", file=sys.stderr)
+        return 2
     index = ShardIndex.load(args.index, allow_pipe=args.allow_pipe)
     offsets = index.offsets_array()
     problems: list[str] = []

@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import IndexMismatchError
 from ..handlers import EXACT_EPOCH_FLAG
 from ..limits import Limits, get_limits
+from ..shards.cache import log_cache_stats
 from ..shards.grouping import group_members, split_key
 from ..shards.openers import ShardUrl, local_path, open_shard, stream_size, url_scheme
 from ..tar import iter_tar_members
@@ -77,7 +78,8 @@ def read_mixed(indexes: list[ShardIndex], names: tuple[str, ...], reader: MixRea
 
 def read_share(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: int,
                limits: Limits | None = None, views: bool = False) -> Iterator[dict]:
-    """The samples of one reader's share, from output position ``start``, in the plan's order."""
+    """The samples of one reader's share, from output position ``start``, in the plan's order
+    (the shard cache's counters logged at its end, where the cache is on)."""
     if start >= reader.length:
         return
     if not reader.shuffle:
@@ -88,6 +90,7 @@ def read_share(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: in
                                       lambda at: _shuffled_lanes(index, reader, spans, at, limits, views))
     else:
         yield from _shuffled_lanes(index, reader, spans, start, limits, views)
+    log_cache_stats("reader's share")
 
 
 def _shuffled_lanes(index: ShardIndex, reader: ReaderPlan, spans: SpanList, start: int, limits: Limits | None,

@@ -29,6 +29,12 @@ Opener = Callable[..., BinaryIO]
 
 _OPENERS: dict[str, Opener] = {}
 
+# What stands between the openers and the readers: layer(url, start, limits, open_source) -> stream,
+# where open_source(url, start, limits) opens through the registry. The shard cache installs
+# itself here (wds_datapipes.shards.cache), so no scheme needs an if for it.
+StreamLayer = Callable[[str, int, "Limits | None", Callable[..., BinaryIO]], BinaryIO]
+_layer: StreamLayer | None = None
+
 
 class ShardUrl(str):
     """A shard URL as ``load_tar`` yields it: equal to the URL, and one object per opening.
@@ -103,7 +109,15 @@ def register_opener(scheme: str, opener: Opener) -> None:
     _OPENERS[scheme.lower()] = opener
 
 
-def _opener_for(url: str) -> Opener:
+def set_stream_layer(layer: StreamLayer | None) -> StreamLayer | None:
+    """Put ``layer`` between the openers and every reader of :func:`open_shard`; returns the previous one."""
+    global _layer
+    previous, _layer = _layer, layer
+    return previous
+
+
+def opener_for(url: str) -> Opener:
+    """The opener registered for ``url``'s scheme (an entry point's, loaded when first asked for)."""
     scheme = url_scheme(url)
     opener = _OPENERS.get(scheme)
     if opener is None:
@@ -121,7 +135,13 @@ def _opener_for(url: str) -> Opener:
 def open_shard(url: str, start: int = 0, limits: Limits | None = None) -> BinaryIO:
     """Open ``url`` for sequential binary reading from byte ``start``; failures raise
     :class:`ShardOpenError` (whatever the opener raised)."""
-    opener = _opener_for(url)
+    if _layer is not None:
+        return _layer(url, start, limits, _open_source)
+    return _open_source(url, start, limits)
+
+
+def _open_source(url: str, start: int = 0, limits: Limits | None = None) -> BinaryIO:
+    opener = opener_for(url)
     options = {"limits": limits or get_limits()} if _takes(opener, "limits") else {}
     try:
         if start and _takes(opener, "start"):

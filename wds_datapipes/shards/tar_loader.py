@@ -10,6 +10,7 @@ from ..limits import Limits, get_limits
 from ..pipe_base import Pipe
 from ..tar import iter_tar_members
 from ..torch_datapipes import IterDataPipe, functional_datapipe
+from .cache import log_cache_stats
 from .openers import ShardUrl, open_shard
 
 
@@ -65,6 +66,7 @@ class TarLoader(Pipe[tuple[str, str, bytes]]):
                 yield url, self._guarded(stream, url)
             finally:
                 self._close(stream, url)
+        log_cache_stats()  # the shard cache's counters at an epoch's end, where it is on
 
     def _close(self, stream, url: ShardUrl) -> None:
         try:

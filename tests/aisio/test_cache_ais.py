@@ -1,0 +1,39 @@
+"""The local shard cache over a real AIStore cluster: one download per object, a hit checked
+against the object's version, a changed object fetched again."""
+
+from __future__ import annotations
+
+import glob
+
+from ais_helpers import make_samples, reference_samples, strip_url, write_shards
+
+import wds_datapipes as wd
+from aisio import ShardUploader
+from aisio.opener import ais_source_stamp
+
+
+def test_ais_shards_are_read_from_the_cache_from_the_second_epoch_and_refetched_when_changed(bucket, tmp_path):
+    uploader = ShardUploader(f"ais://{bucket}/", remove=False)
+    paths = write_shards(tmp_path / "v1", make_samples(24, seed=3), per_shard=12, post=uploader)
+    urls = sorted(uploader.uploaded)
+    size, version = ais_source_stamp(urls[0])
+    assert size is not None and version
+    wd.set_cache(tmp_path / "cache", "1GB")
+    try:
+        def epoch():
+            return strip_url(wd.ShardLister(urls).load_tar().group_by_key())
+
+        before = wd.cache_stats()
+        assert epoch() == reference_samples(paths)
+        assert epoch() == reference_samples(paths)
+        stats = wd.cache_stats()
+        assert (stats.misses - before.misses, stats.hits - before.hits) == (2, 2)
+        assert len(glob.glob(str(tmp_path / "cache" / "*.data"))) == 2
+        # The same object names, other bytes: the cache sees the new version and reads it again.
+        changed = write_shards(tmp_path / "v2", make_samples(24, seed=4), per_shard=12, post=uploader)
+        assert ais_source_stamp(urls[0])[1] != version
+        assert epoch() == reference_samples(changed)
+        assert wd.cache_stats().misses - stats.misses == 2
+        assert epoch() == reference_samples(changed) and wd.cache_stats().hits - stats.hits == 2
+    finally:
+        wd.set_cache(None)

@@ -1,0 +1,210 @@
+"""A local shard cache with a size limit: a remote shard is read once per machine, not once per epoch.
+
+Off by default. :func:`set_cache` (or ``WDS_CACHE_DIR`` and ``WDS_CACHE_LIMIT``, which
+``set_cache`` also sets, so that spawned DataLoader workers find it) turns it on for every
+reader of the process: ``load_tar``, ``ExactEpochs``, ``index``. It sits between the
+openers and the readers (:func:`~wds_datapipes.shards.openers.set_stream_layer`), so every
+scheme gets it. This module is the settings and that layer; :mod:`.cache_store` the ledger,
+files and locks; :mod:`.cache_streams` what a reader is handed.
+
+- A first read streams to the reader while it is written to ``<key>.part`` (the key: a
+  hash of the whole URL); a second reader of a shard being downloaded reads along. At the
+  end the part is renamed ``<key>.data``: a half-written file is never complete.
+- One download per shard and machine: the downloader holds ``flock`` on ``<key>.lock``
+  (the kernel drops it when a process dies: its part is then stale, and cleaned up).
+- The limit holds at every moment: bytes are reserved in the ledger (SQLite, in the cache
+  directory) before they are written, making room by evicting least recently used
+  complete shards that no reader holds (readers hold ``flock`` shared on them). A shard
+  evicts only shards used less recently than its own previous read, so a dataset larger
+  than the limit keeps the part that fits instead of churning; what does not fit is
+  streamed from the source, uncached.
+- A hit is checked against the source where it can tell (size, and ETag/version by a HEAD
+  request; size and mtime for files): a changed object is fetched again.
+- Faults in the cache (disk full, read-only or vanished directory, a corrupted entry) warn
+  once and the read goes on from the source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import os
+import re
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..limits import Limits, get_limits
+from . import openers
+from .cache_store import DISABLED, Store, fault, verify
+from .cache_streams import (
+    STATS,
+    CacheStats,
+)
+
+__all__ = ["CacheSettings", "CacheStats", "cache_stats", "get_cache", "parse_size", "set_cache", "verify_cache"]
+
+logger = logging.getLogger("wds_datapipes")
+
+DIR_ENV, LIMIT_ENV, LOCAL_ENV, REVALIDATE_ENV = "WDS_CACHE_DIR", "WDS_CACHE_LIMIT", "WDS_CACHE_LOCAL", "WDS_CACHE_REVALIDATE"
+_NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "beegfs", "gpfs", "ceph", "glusterfs", "9p",
+               "afs", "davfs", "sshfs", "fuse")  # "fuse" covers fuse.s3fs, fuse.gcsfuse, fuse.sshfs, ...
+_BLOCK = 4096  # entries count in whole blocks: what a file takes on disk
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """Where shards are cached, and how much they may take.
+
+    Attributes:
+        directory: the cache directory, shared by every worker and rank of the machine (a
+            local disk: not a network filesystem).
+        limit: bytes the cached shards (complete and downloading) may take at most.
+        local: which local paths are cached: ``"network"`` (those on NFS, CIFS, Lustre, FUSE
+            mounts, ...; default), ``"all"`` or ``"none"``.
+        revalidate: check a cached shard against its source when it is opened (a HEAD
+            request for HTTP and AIS, a stat for files; default True). ``pipe:`` shards
+            cannot be asked: their entry is trusted.
+    """
+
+    directory: str
+    limit: int
+    local: str = "network"
+    revalidate: bool = True
+
+    def __post_init__(self):
+        if self.local not in ("network", "all", "none"):
+            raise ValueError(f"CacheSettings.local must be 'network', 'all' or 'none', not {self.local!r}")
+        if self.limit < 0:
+            raise ValueError(f"CacheSettings.limit must be >= 0, not {self.limit}")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``"200GB"``, ``"1.5 TiB"``, ``"500M"`` or a plain number (GB = 10**9, GiB = 2**30)."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([kmgtp]?)(i?)b?\s*", str(text).lower())
+    if not match:
+        raise ValueError(f"not a size: {text!r} (say e.g. '200GB', '500MiB' or a number of bytes)")
+    base = 1024 if match[3] else 1000
+    return int(float(match[1]) * base ** " kmgtp".index(match[2] or " "))
+
+
+_settings: CacheSettings | None = None
+_settings_read = False  # the environment is read at the first use, so spawned workers see what set_cache put there
+_stores: dict[tuple[int, str], Store] = {}
+
+
+def set_cache(directory: str | os.PathLike | None, limit: str | int = "100GB", *, local: str = "network",
+              revalidate: bool = True) -> CacheSettings | None:
+    """Cache remote shards in ``directory``, taking at most ``limit`` (``"200GB"``), from now on
+    in this process and in the processes it starts (DataLoader workers, fork or spawn);
+    ``None`` turns the cache off. Returns the previous settings.
+
+    Example:
+        >>> wd.set_cache("/local/ssd/shards", "200GB")
+    """
+    global _settings, _settings_read
+    previous = get_cache()
+    if directory is None:
+        _settings = None
+        for name in (DIR_ENV, LIMIT_ENV, LOCAL_ENV, REVALIDATE_ENV):
+            os.environ.pop(name, None)
+    else:
+        _settings = CacheSettings(os.path.abspath(os.fspath(directory)), parse_size(limit), local, revalidate)
+        os.environ.update({DIR_ENV: _settings.directory, LIMIT_ENV: str(_settings.limit), LOCAL_ENV: local,
+                           REVALIDATE_ENV: "1" if revalidate else "0"})
+    _settings_read = True
+    DISABLED.clear()
+    for store in _stores.values():
+        store.db.close()
+    _stores.clear()
+    return previous
+
+
+def get_cache() -> CacheSettings | None:
+    """The process's cache settings (from :func:`set_cache` or the environment), or None when off."""
+    global _settings, _settings_read
+    if not _settings_read:
+        _settings_read = True
+        directory = os.environ.get(DIR_ENV)
+        if directory:
+            _settings = CacheSettings(os.path.abspath(directory), parse_size(os.environ.get(LIMIT_ENV, "100GB")),
+                                      os.environ.get(LOCAL_ENV, "network"),
+                                      os.environ.get(REVALIDATE_ENV, "1") not in ("0", "false", "no"))
+    return _settings
+
+
+def cache_stats(shared: bool = False) -> CacheStats:
+    """This process's counters (a copy); ``shared=True``: every process's, from the ledger, since
+    the cache directory was made."""
+    if not shared:
+        return dataclasses.replace(STATS)
+    settings = get_cache()
+    if settings is None:
+        return CacheStats()
+    rows = dict(_store(settings).db.execute("SELECT name, value FROM counters").fetchall())
+    return CacheStats(**{f.name: rows.get(f.name, 0) for f in dataclasses.fields(CacheStats)})
+
+
+def log_cache_stats(what: str = "epoch") -> None:
+    """Logs this process's counters (INFO), where the cache is on."""
+    if get_cache() is not None:
+        logger.info("shard cache, this %s's process so far: %s", what, STATS)
+
+
+# ------------------------------------------------------------ the layer over open_shard
+
+
+def _cached_open(url: str, start: int, limits: Limits | None, open_source: Callable) -> io.RawIOBase:
+    settings = get_cache()
+    if settings is None or not _cacheable(url, settings) or settings.directory in DISABLED:
+        return open_source(url, start, limits)
+    try:
+        store = _store(settings)
+    except (OSError, sqlite3.Error) as exn:
+        fault(settings.directory, f"the cache directory cannot be used ({type(exn).__name__}: {exn})", disable=True)
+        return open_source(url, start, limits)
+    return store.open(str(url), start, limits or get_limits(), open_source)
+
+
+def _store(settings: CacheSettings) -> Store:
+    key = (os.getpid(), settings.directory)  # a forked worker opens its own connection
+    store = _stores.get(key)
+    if store is None or store.settings != settings:
+        store = _stores[key] = Store(settings)
+    return store
+
+
+def _cacheable(url: str, settings: CacheSettings) -> bool:
+    if openers.url_scheme(url) != "file":
+        return True
+    if settings.local != "network":
+        return settings.local == "all"
+    return _on_network_fs(os.path.realpath(openers.local_path(url)))
+
+
+def _on_network_fs(path: str) -> bool:
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                point = fields[1].replace("\\040", " ")
+                if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return False
+    return any(kind == name or kind.startswith(name + ".") for name in _NETWORK_FS)
+
+
+
+def verify_cache(settings: CacheSettings | None = None, repair: bool = True) -> list[str]:
+    """Checks every complete entry's size, mtime and CRC-32 against what was downloaded; returns
+    what is wrong (and, with ``repair``, removes those entries: they are fetched again)."""
+    settings = settings or get_cache()
+    return [] if settings is None else verify(_store(settings), repair)
+
+
+openers.set_stream_layer(_cached_open)

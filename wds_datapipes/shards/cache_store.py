@@ -1,0 +1,408 @@
+"""The shard cache's ledger and files, as one process sees them (see :mod:`.cache`).
+
+``ledger.sqlite`` (SQLite: one writer on the machine at a time, ``BEGIN IMMEDIATE``) holds
+one row per URL: ``part`` (a download, the bytes reserved for it), ``done`` (a complete
+entry: its size, the source's version, its mtime on disk, its CRC-32, its last read) or
+``seen`` (no copy; the time of its last read, so that it may come back only in place of
+less recently read ones), and the counters. Files, named by a hash of the whole URL:
+``<key>.part`` (a download), ``<key>.data`` (complete), ``<key>.lock`` (held by the
+downloader while it runs).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import logging
+import os
+import sqlite3
+import threading
+import time
+import urllib.request
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..limits import Limits
+from . import openers
+from .cache_streams import STATS, Download, LocalCopy, ReadAlong, add, probe_alive, release_lock, try_lock
+
+if TYPE_CHECKING:
+    from .cache import CacheSettings
+
+logger = logging.getLogger("wds_datapipes")
+
+_BLOCK = 4096  # entries count in whole blocks: what a file takes on disk
+DISABLED: set[str] = set()  # directories that failed in this process: read from the source
+
+
+def key_of(url: str) -> str:
+    """The entry's name: a hash of the whole URL (every ``pipe:`` command, bucket and query its own)."""
+    return hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+
+
+def fault(directory: str, message: str, disable: bool = False) -> None:
+    STATS.faults += 1
+    if disable:
+        DISABLED.add(directory)
+    logger.warning("shard cache %s: %s; reading from the source", directory, message)
+
+
+def source_stamp(url: str, limits: Limits) -> tuple[int | None, str | None] | None:
+    """(size, version) of the object at ``url`` as its source says now; None where it cannot tell.
+
+    An opener tells by a ``source_stamp(url, limits)`` attribute (``aisio`` has one); HTTP and
+    local files are known here."""
+    scheme = openers.url_scheme(url)
+    opener = openers.opener_for(url)
+    ask = getattr(opener, "source_stamp", None) or {"http": _http_stamp, "https": _http_stamp,
+                                                    "file": _file_stamp}.get(scheme)
+    return ask(url, limits) if ask is not None else None
+
+
+def _http_stamp(url: str, limits: Limits) -> tuple[int | None, str | None]:
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=limits.http_timeout or None) as r:
+        return _stamp_of_headers(r.headers)
+
+
+def _stamp_of_headers(headers) -> tuple[int | None, str | None]:
+    length = headers.get("Content-Length")
+    return (int(length) if length and length.isdigit() else None), headers.get("ETag") or headers.get("Last-Modified")
+
+
+def _file_stamp(url: str, limits: Limits) -> tuple[int, str]:
+    info = os.stat(openers.local_path(url))
+    return info.st_size, f"mtime_ns:{info.st_mtime_ns}"
+
+
+def stream_stamp(stream, url: str) -> tuple[int | None, str | None]:
+    """(size, version) of an opened source stream, as it says them."""
+    version = getattr(stream, "version", None)
+    headers = getattr(stream, "headers", None)
+    if version is None and headers is not None:
+        version = headers.get("ETag") or headers.get("Last-Modified")
+    if version is None and openers.url_scheme(url) == "file":
+        try:
+            version = f"mtime_ns:{os.fstat(stream.fileno()).st_mtime_ns}"
+        except (OSError, ValueError, AttributeError):
+            version = None
+    return openers.stream_size(stream), version
+
+
+# ------------------------------------------------------------ the ledger
+
+
+class Store:
+    """One cache directory, seen from one process: its ledger, its files, its locks."""
+
+    def __init__(self, settings: CacheSettings):
+        self.settings = settings
+        self.dir = settings.directory
+        os.makedirs(self.dir, exist_ok=True)
+        self.db = sqlite3.connect(os.path.join(self.dir, "ledger.sqlite"), timeout=120, isolation_level=None,
+                                  check_same_thread=False)
+        self.lock = threading.Lock()  # one connection per process: its transactions one at a time
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(
+            "CREATE TABLE IF NOT EXISTS entries (key TEXT PRIMARY KEY, url TEXT, state TEXT, bytes INTEGER,"
+            " size INTEGER, version TEXT, mtime_ns INTEGER, crc INTEGER, used REAL);"
+            "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER);")
+        self.clean()
+
+    def path(self, key: str, kind: str) -> str:
+        return os.path.join(self.dir, f"{key}.{kind}")
+
+    def transaction(self):
+        return _Transaction(self)
+
+    # -- opening
+
+    def open(self, url: str, start: int, limits: Limits, open_source: Callable) -> io.RawIOBase:
+        key = key_of(url)
+        for _ in range(200):  # a claim races a download that just ended: a few turns at most
+            try:
+                stream = self._try_open(url, key, start, limits, open_source)
+            except (OSError, sqlite3.Error) as exn:  # the directory is gone, or the ledger broken: not again
+                fault(self.dir, f"{type(exn).__name__}: {exn}",
+                       disable=isinstance(exn, sqlite3.Error) or not os.path.isdir(self.dir))
+                return open_source(url, start, limits)
+            if stream is not None:
+                return stream
+            time.sleep(0.01)
+        return self._uncached(url, key, start, limits, open_source)
+
+    def _try_open(self, url, key, start, limits, open_source):
+        row = self.db.execute("SELECT state, size, version, mtime_ns FROM entries WHERE key=?", (key,)).fetchone()
+        if row is not None and row[0] == "done":
+            copy = self._hit(url, key, row, start, limits, open_source)
+            if copy is not None:
+                return copy
+        lock = try_lock(self.path(key, "lock"))
+        if lock is None:  # someone downloads it: read along, from where the part has got to
+            return self._follow(url, key, start, limits, open_source)
+        try:
+            row = self.db.execute("SELECT state FROM entries WHERE key=?", (key,)).fetchone()
+            if row is not None and row[0] == "done" and os.path.exists(self.path(key, "data")):
+                release_lock(self.path(key, "lock"), lock)
+                return None  # it was completed in between: a hit on the next turn
+            if start:  # a read from the middle is not cached: its first bytes are not read
+                release_lock(self.path(key, "lock"), lock)
+                return self._uncached(url, key, start, limits, open_source)
+            return self._download(url, key, lock, limits, open_source)
+        except BaseException:
+            release_lock(self.path(key, "lock"), lock)
+            raise
+
+    def _hit(self, url, key, row, start, limits, open_source) -> LocalCopy | None:
+        _, size, version, mtime_ns = row
+        try:
+            fd = os.open(self.path(key, "data"), os.O_RDONLY)
+        except FileNotFoundError:
+            return None  # evicted, or being renamed into place
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # from here on no one evicts it
+            info = os.fstat(fd)
+            if info.st_nlink == 0:
+                os.close(fd)
+                return None  # evicted while this opened it
+            if info.st_size != size or info.st_mtime_ns != mtime_ns:
+                os.close(fd)
+                fault(self.dir, f"the cached copy of {url!r} changed on disk ({info.st_size} bytes, "
+                       f"{size} expected); it is fetched again")
+                self._drop(key)
+                return None
+            if self.settings.revalidate and not self._same_at_source(url, size, version, limits):
+                os.close(fd)
+                logger.info("shard cache: %r changed at its source; fetching it again", url)
+                self._drop(key)
+                return None
+        except BaseException:
+            os.close(fd)
+            raise
+        with self.transaction() as db:
+            db.execute("UPDATE entries SET used=? WHERE key=?", (time.time(), key))
+            add(db, hits=1)
+        return LocalCopy(self, url, fd, start, size, limits, open_source)
+
+    def _same_at_source(self, url, size, version, limits) -> bool:
+        try:
+            stamp = source_stamp(url, limits)
+        except Exception as exn:  # noqa: BLE001 - the source cannot say now: the copy is used
+            logger.debug("shard cache: cannot ask the source of %r (%s); using the cached copy", url, exn)
+            return True
+        if stamp is None:
+            return True
+        now_size, now_version = stamp
+        return (now_size is None or now_size == size) and (now_version is None or version is None
+                                                           or now_version == version)
+
+    def _follow(self, url, key, start, limits, open_source):
+        try:
+            fd = os.open(self.path(key, "part"), os.O_RDONLY)
+        except FileNotFoundError:  # not made yet, or already renamed: ask again
+            return None if probe_alive(self.path(key, "lock")) or os.path.exists(self.path(key, "data")) \
+                else self._uncached(url, key, start, limits, open_source)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.fstat(fd).st_size < start:  # the download has not reached it: from the source
+            os.close(fd)
+            return self._uncached(url, key, start, limits, open_source)
+        self.count(read_along=1)
+        return ReadAlong(self, url, key, fd, start, limits, open_source)
+
+    def _download(self, url, key, lock, limits, open_source) -> io.RawIOBase:
+        part = self.path(key, "part")
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # made first: readers wait on it
+        try:
+            source = open_source(url, 0, limits)
+        except BaseException:
+            self.abandon(key, fd, lock)
+            raise
+        size, version = stream_stamp(source, url)
+        with self.transaction() as db:
+            seen = db.execute("SELECT used FROM entries WHERE key=? AND state='seen'", (key,)).fetchone()
+            reserved = self.reserve(db, key, url, _blocks(size) if size is not None else 64 << 20,
+                                    seen[0] if seen else None)
+            add(db, misses=1, uncached=0 if reserved else 1)
+        if not reserved:
+            self.abandon(key, fd, lock, seen=True)
+            return source
+        return Download(self, url, key, source, fd, lock, reserved, size, version, seen[0] if seen else None)
+
+    def _uncached(self, url, key, start, limits, open_source):
+        self.count(misses=1, uncached=1)
+        return open_source(url, start, limits)
+
+    # -- space
+
+    def reserve(self, db, key: str, url: str, need: int, previous_use: float | None, held: int = 0) -> int:
+        """Makes ``key`` a part of ``held + need`` bytes where the limit allows (evicting); 0 if not."""
+        used = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM entries WHERE state IN ('part', 'done')"
+                          " AND key != ?", (key,)).fetchone()[0]
+        total = held + need
+        if used + total > self.settings.limit:
+            used -= self._make_room(db, used + total - self.settings.limit, previous_use)
+        if used + total > self.settings.limit:
+            db.execute("INSERT OR REPLACE INTO entries (key, url, state, bytes, used) VALUES (?, ?, 'seen', 0, ?)",
+                       (key, url, time.time()))
+            return 0
+        db.execute("INSERT OR REPLACE INTO entries (key, url, state, bytes, used) VALUES (?, ?, 'part', ?, ?)",
+                   (key, url, total, time.time()))
+        return total
+
+    def _make_room(self, db, wanted: int, previous_use: float | None) -> int:
+        freed = 0
+        for key, nbytes in db.execute("SELECT key, bytes FROM entries WHERE state='part'").fetchall():
+            if not probe_alive(self.path(key, "lock")):  # its downloader died
+                _unlink(self.path(key, "part"))
+                db.execute("DELETE FROM entries WHERE key=?", (key,))
+                freed += nbytes
+        rows = db.execute("SELECT key, bytes, used FROM entries WHERE state='done' ORDER BY used").fetchall()
+        for key, nbytes, used in rows:
+            if freed >= wanted or (previous_use is not None and used >= previous_use):
+                break  # used since this shard's previous read: it stays, this one is streamed
+            if self._evict(db, key):
+                freed += nbytes
+        return freed
+
+    def _evict(self, db, key: str) -> bool:
+        path = self.path(key, "data")
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            db.execute("DELETE FROM entries WHERE key=?", (key,))
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(path)
+        except BlockingIOError:
+            return False  # a reader has it open
+        finally:
+            os.close(fd)
+        # Kept as 'seen', with the time of its last read: it may come back only in place of less recent ones.
+        db.execute("UPDATE entries SET state='seen', bytes=0 WHERE key=?", (key,))
+        add(db, evictions=1)
+        return True
+
+    def _drop(self, key: str) -> None:
+        """Removes a bad or stale complete entry (if no reader holds it; it is then not used again)."""
+        with self.transaction() as db:
+            if not self._evict(db, key):
+                db.execute("DELETE FROM entries WHERE key=?", (key,))
+
+    def abandon(self, key: str, fd: int, lock: int, seen: bool = False) -> None:
+        """Ends a download that is not kept: its part, its reservation (a shard that did not fit
+        keeps its 'seen' row, the time of its read), its lock."""
+        os.close(fd)
+        _unlink(self.path(key, "part"))
+        try:
+            with self.transaction() as db:
+                if not seen:
+                    db.execute("DELETE FROM entries WHERE key=? AND state='part'", (key,))
+        finally:
+            release_lock(self.path(key, "lock"), lock)
+
+    def complete(self, key: str, fd: int, lock: int, size: int, version: str | None, crc: int) -> None:
+        """Makes a finished part a complete entry: the ledger says so, then the part is renamed
+        (a reader that finds the entry before the rename reads the part along)."""
+        mtime_ns = os.fstat(fd).st_mtime_ns
+        with self.transaction() as db:
+            db.execute("UPDATE entries SET state='done', bytes=?, size=?, version=?, mtime_ns=?, crc=?, used=?"
+                       " WHERE key=?", (_blocks(size), size, version, mtime_ns, crc, time.time(), key))
+        os.rename(self.path(key, "part"), self.path(key, "data"))
+        os.close(fd)
+        release_lock(self.path(key, "lock"), lock)
+
+    def count(self, **deltas: int) -> None:
+        """Adds to the counters, this process's and the ledger's."""
+        if any(deltas.values()):
+            try:
+                with self.transaction() as db:
+                    add(db, **deltas)
+            except sqlite3.Error as exn:
+                logger.debug("shard cache: counting: %s", exn)
+
+    def fault(self, message: str) -> None:
+        fault(self.dir, message)
+
+    def drop(self, url: str) -> None:
+        self._drop(key_of(url))
+
+    def clean(self) -> None:
+        """Removes what crashed downloads left (parts whose lock no one holds) and files the ledger lost."""
+        with self.transaction() as db:
+            known = {}
+            for key, state in db.execute("SELECT key, state FROM entries").fetchall():
+                if state == "part" and not probe_alive(self.path(key, "lock")):
+                    db.execute("DELETE FROM entries WHERE key=?", (key,))
+                    continue
+                if state == "done" and not os.path.exists(self.path(key, "data")):
+                    db.execute("DELETE FROM entries WHERE key=?", (key,))
+                    continue
+                known[key] = state
+            for name in os.listdir(self.dir):
+                key, _, kind = name.partition(".")
+                if kind == "part" and known.get(key) != "part" and not probe_alive(self.path(key, "lock")):
+                    _unlink(os.path.join(self.dir, name))
+                elif kind == "data" and known.get(key) != "done":
+                    self._evict(db, key)
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` .. ``COMMIT`` on the store's connection: one writer on the machine at a time."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.store.lock.acquire()
+        try:
+            self.store.db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self.store.lock.release()
+            raise
+        return self.store.db
+
+    def __exit__(self, kind, value, tb) -> None:
+        try:
+            self.store.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        finally:
+            self.store.lock.release()
+
+
+def _blocks(size: int) -> int:
+    return -(-size // _BLOCK) * _BLOCK
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def verify(store: Store, repair: bool = True) -> list[str]:
+    """Checks every complete entry's size, mtime and CRC-32; returns what is wrong (and, with
+    ``repair``, removes those entries)."""
+    problems = []
+    rows = store.db.execute("SELECT key, url, size, mtime_ns, crc FROM entries WHERE state='done'").fetchall()
+    for key, url, size, mtime_ns, crc in rows:
+        try:
+            with open(store.path(key, "data"), "rb") as f:
+                info = os.fstat(f.fileno())
+                got = 0
+                while chunk := f.read(1 << 20):
+                    got = zlib.crc32(chunk, got)
+        except OSError as exn:
+            problems.append(f"{url}: {type(exn).__name__}: {exn}")
+        else:
+            if (info.st_size, info.st_mtime_ns, got) != (size, mtime_ns, crc):
+                problems.append(f"{url}: the cached copy differs from what was downloaded "
+                                f"({info.st_size} bytes, {size} expected; CRC-32 {got:08x}, {crc:08x} expected)")
+            else:
+                continue
+        if repair:
+            store._drop(key)
+    return problems
+

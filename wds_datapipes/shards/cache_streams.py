@@ -1,0 +1,347 @@
+"""The streams the shard cache hands to readers, its locks and its counters (see :mod:`.cache`).
+
+- :class:`Download`: the source's bytes as they arrive, written to the part file on the way;
+  the entry is complete only once the whole object has passed (a reader that stops early
+  leaves the rest to a thread).
+- :class:`ReadAlong`: a part another process is downloading, read as it grows.
+- :class:`LocalCopy`: a complete entry, read by ``pread`` from any byte.
+
+Each goes on from the source at the byte it reached where the cache fails under it (a
+short or failed read, a download that died): nothing lost, nothing read twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..limits import Limits
+
+logger = logging.getLogger("wds_datapipes")
+
+_DRAIN_NOW = 1 << 20  # at close, up to this much of the rest is read at once; more, by a thread
+_GROW = 64 << 20  # bytes reserved at a time where the size is not known (pipe:)
+
+
+@dataclass
+class CacheStats:
+    """What the cache did: shards opened (``hits`` from a complete copy, ``read_along`` from a
+    download in progress, ``misses`` from the source, ``uncached`` of them not kept: too large
+    for the limit, read from the middle, or the cache failed), bytes read from the source and
+    from disk, entries evicted, faults (each warned about)."""
+
+    hits: int = 0
+    read_along: int = 0
+    misses: int = 0
+    uncached: int = 0
+    source_bytes: int = 0
+    disk_bytes: int = 0
+    evictions: int = 0
+    faults: int = 0
+
+
+STATS = CacheStats()  # this process's
+
+
+def add(db, **deltas: int) -> None:
+    """Adds to this process's counters, and to the ledger's in ``db``'s open transaction."""
+    for name, n in deltas.items():
+        setattr(STATS, name, getattr(STATS, name) + n)
+    db.executemany("INSERT INTO counters VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value=value+?",
+                   [(name, n, n) for name, n in deltas.items() if n])
+
+
+def try_lock(path: str) -> int | None:
+    """An exclusive ``flock`` on the file at ``path`` (made if missing), or None where someone holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the holder before removed the file: lock the one at the path now
+
+
+def release_lock(path: str, fd: int) -> None:
+    """Removes the lock file (while it is held: no one locks a removed one) and releases it."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def probe_alive(path: str) -> bool:
+    """Whether a process holds the lock at ``path`` (a downloader that is alive)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+class _CacheStream(io.RawIOBase):
+    """What the three share: a position, a fall back to the source from it, counters at close."""
+
+    def __init__(self, store, url: str, start: int, limits: Limits, open_source: Callable):
+        super().__init__()
+        self.store, self.url, self.pos, self.limits, self.open_source = store, url, start, limits, open_source
+        self.source = None  # the source, once the cache failed under this reader
+        self.counts = {"disk_bytes": 0, "source_bytes": 0}
+
+    def readable(self) -> bool:
+        return True
+
+    def _from_source(self, buffer, why: str | None) -> int:
+        if self.source is None:
+            if why:
+                self.store.fault(f"{why}; {self.url!r} goes on from its source at byte {self.pos}")
+            self._drop_local()
+            self.source = self.open_source(self.url, self.pos, self.limits)
+        n = self.source.readinto(buffer) or 0
+        self.pos += n
+        self.counts["source_bytes"] += n
+        return n
+
+    def _drop_local(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._drop_local()
+            if self.source is not None:
+                self.source.close()
+        finally:
+            super().close()
+            self.store.count(**self.counts)
+
+
+class LocalCopy(_CacheStream):
+    """A complete entry, held with a shared ``flock`` (no eviction) until closed."""
+
+    def __init__(self, store, url: str, fd: int, start: int, size: int, limits: Limits, open_source: Callable):
+        super().__init__(store, url, start, limits, open_source)
+        self.fd: int | None = fd
+        self.size = size
+        self.headers = {"Content-Length": str(size)}  # stream_size reads it (no fileno: not the shard's file)
+
+    def readinto(self, buffer) -> int:
+        if self.fd is None:
+            return self._from_source(buffer, None)
+        view = memoryview(buffer).cast("B")
+        want = min(len(view), self.size - self.pos)
+        if want <= 0:
+            return 0
+        try:
+            n = os.preadv(self.fd, [view[:want]], self.pos)
+        except OSError as exn:
+            return self._from_source(buffer, f"reading the cached copy failed ({type(exn).__name__}: {exn})")
+        if n == 0:
+            self.store.drop(self.url)
+            return self._from_source(buffer, f"the cached copy ends at byte {self.pos} of {self.size}")
+        self.pos += n
+        self.counts["disk_bytes"] += n
+        return n
+
+    def seekable(self) -> bool:
+        return self.fd is not None
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence] + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def _drop_local(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class ReadAlong(_CacheStream):
+    """A part another process is downloading, read as it grows; from the source if that one dies."""
+
+    def __init__(self, store, url: str, key: str, fd: int, start: int, limits: Limits, open_source: Callable):
+        super().__init__(store, url, start, limits, open_source)
+        self.key, self.fd = key, fd
+        self.patience = max(60.0, 2 * (limits.http_timeout or 60.0))  # a download writing nothing this long died
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        wait, since = 0.0005, time.monotonic()
+        while self.fd is not None:
+            n = os.preadv(self.fd, [view], self.pos)
+            if n:
+                self.pos += n
+                self.counts["disk_bytes"] += n
+                return n
+            state = self._state()
+            if state == "done":
+                return 0
+            if state == "gone":
+                return self._from_source(buffer, None)  # its downloader stopped: no cache fault
+            if time.monotonic() - since > self.patience:
+                return self._from_source(buffer, f"the download in another process wrote nothing for "
+                                                 f"{self.patience:g} s")
+            time.sleep(wait)
+            wait = min(wait * 2, 0.02)
+        return self._from_source(buffer, None)
+
+    def _state(self) -> str:
+        for _ in range(2):  # before and after asking for the lock: the rename comes before its release
+            try:
+                if os.stat(self.store.path(self.key, "data")).st_ino == os.fstat(self.fd).st_ino:
+                    return "done"
+            except FileNotFoundError:
+                pass
+            if probe_alive(self.store.path(self.key, "lock")):
+                return "running"
+        return "gone"
+
+    def _drop_local(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Download(_CacheStream):
+    """The source's bytes, each written to the part file as it passes; complete once all passed.
+
+    A write that fails (disk full, the directory gone) or a shard that outgrows the limit
+    ends the caching with a warning; the reader goes on reading the source.
+    """
+
+    def __init__(self, store, url: str, key: str, source, fd: int, lock: int, reserved: int, size: int | None,
+                 version: str | None, previous_use: float | None):
+        super().__init__(store, url, 0, None, None)
+        self.key, self.source, self.fd, self.lock = key, source, fd, lock
+        self.reserved, self.size, self.version, self.previous_use = reserved, size, version, previous_use
+        self.crc, self.written, self.eof = 0, 0, False
+
+    @property
+    def headers(self):
+        return getattr(self.source, "headers", None)
+
+    def fileno(self) -> int:
+        return self.source.fileno()  # a local source's (a shard on NFS): its size and stamp are the shard's
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        readinto = getattr(self.source, "readinto", None)
+        if readinto is not None:
+            n = readinto(view) or 0
+        else:
+            data = self.source.read(len(view))
+            n = len(data)
+            view[:n] = data
+        self.counts["source_bytes"] += n
+        if n == 0:
+            self.eof = True
+        elif self.fd is not None:
+            self._keep(view[:n])
+        self.pos += n
+        return n
+
+    def _keep(self, data: memoryview) -> None:
+        try:
+            if self.written + len(data) > self.reserved:
+                with self.store.transaction() as db:
+                    more = self.store.reserve(db, self.key, self.url, max(len(data), _GROW), self.previous_use,
+                                              held=self.reserved)
+                if not more:
+                    self._abandon(None, seen=True)
+                    return
+                self.reserved = more
+            done = 0
+            while done < len(data):
+                done += os.write(self.fd, data[done:])
+            self.crc = zlib.crc32(data, self.crc)
+            self.written += len(data)
+        except OSError as exn:
+            self._abandon(f"writing the cached copy failed ({type(exn).__name__}: {exn})")
+
+    def _abandon(self, why: str | None, seen: bool = False) -> None:
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        if why:
+            self.store.fault(f"{why}; {self.url!r} is read from its source, uncached")
+        self.counts["uncached"] = 1
+        try:
+            self.store.abandon(self.key, fd, self.lock, seen=seen)
+        except Exception as exn:  # noqa: BLE001 - the reader goes on; a stale part is cleaned up later
+            logger.debug("shard cache: abandoning %r: %s", self.url, exn)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        if self.fd is not None and not self.eof:
+            self._drain(_DRAIN_NOW)
+            if not self.eof and self.fd is not None:  # the rest by a thread: the reader goes on now
+                threading.Thread(target=self._finish_later, name="wds-cache-drain", daemon=True).start()
+                io.RawIOBase.close(self)
+                return
+        try:
+            self.source.close()  # a pipe: command's exit status is checked here
+        except BaseException:
+            self._abandon(None)
+            io.RawIOBase.close(self)
+            self.store.count(**self.counts)
+            raise
+        self._commit()
+        io.RawIOBase.close(self)
+        self.store.count(**self.counts)
+
+    def _drain(self, most: float) -> None:
+        buffer = bytearray(1 << 20)
+        passed = 0
+        while self.fd is not None and not self.eof and passed < most:
+            passed += self.readinto(buffer)
+
+    def _finish_later(self) -> None:
+        try:
+            self._drain(float("inf"))
+            self.source.close()
+            self._commit()
+        except Exception as exn:  # noqa: BLE001 - the reader is gone; the entry is not kept
+            logger.warning("shard cache: finishing the download of %r failed (%s: %s); it is not cached",
+                           self.url, type(exn).__name__, exn)
+            self._abandon(None)
+        finally:
+            self.store.count(**self.counts)
+
+    def _commit(self) -> None:
+        if self.fd is None:
+            return
+        if self.size is not None and self.written != self.size:
+            self._abandon(f"the source sent {self.written} bytes of {self.size}")
+            return
+        try:
+            self.store.complete(self.key, self.fd, self.lock, self.written, self.version, self.crc)
+        except Exception as exn:  # noqa: BLE001
+            self._abandon(f"keeping the cached copy failed ({type(exn).__name__}: {exn})")
+        else:
+            self.fd = None
