@@ -2,7 +2,8 @@
 
 Importing :mod:`aisio` calls :func:`register_with_webdataset`, after which
 ``webdataset.WebDataset("ais://bucket/train-{000..099}.tar")`` reads through
-:func:`aisio.open_ais_url` (resumes, retries, errors naming the node) instead of
+:func:`aisio.open_ais_url` (resumes, retries, errors naming the node; and the shard cache,
+where :func:`wds_datapipes.set_cache` turns it on) instead of
 webdataset's default for ``ais://``, a subprocess running the ``ais`` CLI; and
 ``webdataset.ShardWriter("ais://bucket/train-%06d.tar")`` / ``TarWriter`` upload each shard
 when it closes, without that CLI.
@@ -15,7 +16,8 @@ import io
 import os
 import tempfile
 
-from .opener import open_ais_url
+from wds_datapipes.shards.openers import open_shard
+
 from .upload import upload_file
 
 _READ_BUFFER = 1 << 20  # tarfile reads 10 KiB at a time: buffer the raw stream
@@ -41,10 +43,11 @@ class _UploadOnClose(io.BufferedWriter):
 
 
 def gopen_ais(url: str, mode: str = "rb", bufsize: int = 8192, **kw) -> io.IOBase:
-    """webdataset's ``gopen`` handler for ``ais://`` URLs: a buffered stream to read, or a file
-    that uploads itself on ``close()`` to write."""
+    """webdataset's ``gopen`` handler for ``ais://`` URLs: a buffered stream to read (through the
+    shard cache where it is on, as our readers do), or a file that uploads itself on
+    ``close()`` to write."""
     if mode == "rb":
-        return io.BufferedReader(open_ais_url(url), buffer_size=_READ_BUFFER)
+        return io.BufferedReader(open_shard(url), buffer_size=_READ_BUFFER)
     if mode == "wb":
         return _UploadOnClose(url)
     raise ValueError(f"{url}: cannot open in mode {mode!r} (rb or wb)")

@@ -37,3 +37,24 @@ def test_ais_shards_are_read_from_the_cache_from_the_second_epoch_and_refetched_
         assert epoch() == reference_samples(changed) and wd.cache_stats().hits - stats.hits == 2
     finally:
         wd.set_cache(None)
+
+
+def test_plain_webdataset_reads_ais_shards_through_the_cache(bucket, tmp_path):
+    import webdataset as wds
+
+    import aisio  # noqa: F401 - puts its ais:// opener in webdataset's table
+
+    uploader = ShardUploader(f"ais://{bucket}/", remove=False)
+    paths = write_shards(tmp_path / "src", make_samples(20, seed=5), per_shard=10, post=uploader)
+    urls = sorted(uploader.uploaded)
+    wd.set_cache(tmp_path / "cache", "1GB")
+    try:
+        before = wd.cache_stats()
+        for _ in range(2):
+            read = [{k: v for k, v in s.items() if k == "__key__" or not k.startswith("__")}
+                    for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
+            assert read == reference_samples(paths)
+        stats = wd.cache_stats()
+        assert (stats.misses - before.misses, stats.hits - before.hits) == (2, 2)
+    finally:
+        wd.set_cache(None)
