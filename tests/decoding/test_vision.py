@@ -212,3 +212,44 @@ def test_an_image_over_the_pixel_limit_is_refused_before_it_is_decoded():
                                                  limits=wd.Limits(max_image_pixels=300 * 300))
     with pytest.raises(wd.DecodeError, match="pixels"):
         list(dp)
+
+
+def _on(device: str, samples: list[dict], threads: int = 0, **kwargs) -> list[dict]:
+    return list(IterableWrapper(samples).decode_batches("torchrgb8", batch_size=5, num_threads=threads,
+                                                        transform=CenterCrop(64, 80), device=device, **kwargs))
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_crops_decoded_in_one_batch_call_on_a_device_equal_the_per_image_path(threads):
+    for samples in (_samples(7), _samples(7, fmt="PNG", suffix="png")):  # JPEGs in one call; PNGs one by one
+        suffix = "png" if "png" in samples[0] else "jpg"
+        plain = list(IterableWrapper(samples).decode_batches("torchrgb8", batch_size=5, transform=CenterCrop(64, 80)))
+        batched = _on("cpu", samples, threads)
+        assert [b[suffix].shape for b in batched] == [(5, 3, 64, 64), (2, 3, 64, 64)]
+        for a, b in zip(plain, batched, strict=True):
+            assert torch.equal(a[suffix], b[suffix]) and torch.equal(a["cls"], b["cls"])
+
+
+def test_a_corrupt_jpeg_in_a_device_batch_is_that_samples_error():
+    samples = _samples(6)
+    samples[3]["jpg"] = samples[3]["jpg"][:200]
+    with pytest.raises(wd.DecodeError, match="'k003'.*'jpg'"):
+        _on("cpu", samples)
+    kept = _on("cpu", samples, handler=wd.ignore_and_continue)
+    assert [len(b["__key__"]) for b in kept] == [4, 1] and "k003" not in kept[0]["__key__"]
+    whole = _on("cpu", [s for i, s in enumerate(samples) if i != 3])
+    assert torch.equal(torch.cat([b["jpg"] for b in kept]), torch.cat([b["jpg"] for b in whole]))
+
+
+def test_device_needs_a_transform():
+    with pytest.raises(ValueError, match="give transform= too"):
+        IterableWrapper(_samples(2)).decode_batches("torchrgb8", batch_size=2, device="cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_crops_decoded_on_the_gpu_are_close_to_the_cpus():
+    samples = _samples(10)
+    on_gpu, on_cpu = _on("cuda", samples), _on("cpu", samples)
+    for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
+        assert gpu["jpg"].device.type == "cuda"
+        assert (gpu["jpg"].cpu().int() - cpu["jpg"].int()).abs().float().mean() < 2  # nvJPEG's IDCT differs slightly

@@ -27,6 +27,7 @@ import functools
 import io
 import math
 import random
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +43,7 @@ try:
 except ImportError:  # Pillow is the fallback
     torchvision = None
 
-__all__ = ["CenterCrop", "Crop", "RandomResizedCrop", "decode_transform_into", "tensor_decoders"]
+__all__ = ["CenterCrop", "Crop", "RandomResizedCrop", "decode_crops_on", "decode_transform_into", "tensor_decoders"]
 
 TORCHVISION_DEPRECATES_DECODING = (0, 29)  # torchvision.io's decoders warn from this release on
 
@@ -175,6 +176,62 @@ def decode_transform_into(data: bytes, formats: tuple[str, ...], transform, key:
         row.copy_(apply_crop(image, crop))
         return
     row.copy_(torch.from_numpy(np.array(_pillow_crop(picture, crop))).permute(2, 0, 1))
+
+
+def decode_crops_on(device: torch.device, samples: list[dict], field: str, formats: tuple[str, ...], transform,
+                    epoch: int, rows: torch.Tensor, max_pixels: int, done: list[Future]) -> None:
+    """Decodes ``field`` of every sample on ``device``, the JPEGs in one call of the library's
+    batch decoder (nvJPEG on CUDA), crops each there into its row of ``rows``; settles
+    ``done[i]`` for each sample: True, or the error that sample's image raised."""
+    try:
+        decoders = tensor_decoders()
+        jpegs = []
+        for i, sample in enumerate(samples):
+            try:
+                check_image_pixels(sample[field], formats, max_pixels)
+                if decoders is not None and formats == ("JPEG",):
+                    jpegs.append(i)
+                    continue
+                row = torch.empty(rows.shape[1:], dtype=torch.uint8)  # decoded and cropped on the CPU, moved
+                decode_transform_into(sample[field], formats, transform, str(sample.get("__key__")), epoch, row,
+                                      max_pixels)
+                rows[i].copy_(row)
+                done[i].set_result(True)
+            except Exception as exn:  # noqa: BLE001 - too large or unreadable: that sample's error
+                done[i].set_exception(exn)
+        images = _decode_jpegs_on(device, [samples[i][field] for i in jpegs], decoders["JPEG"] if jpegs else None)
+        for i, image in zip(jpegs, images, strict=True):
+            if isinstance(image, Exception):
+                done[i].set_exception(image)
+                continue
+            key = str(samples[i].get("__key__"))
+            rows[i].copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
+            done[i].set_result(True)
+    except BaseException as exn:  # never leave a sample's future unsettled: its batch would wait for ever
+        for future in done:
+            if not future.done():
+                future.set_exception(exn)
+        if not isinstance(exn, Exception):
+            raise
+
+
+def _decode_jpegs_on(device: torch.device, datas: list, decode) -> list:
+    """The decoded images (uint8 3xHxW on ``device``), one call for all; where that call fails,
+    each image alone, so that the bad one gets its own error in its place."""
+    if not datas:
+        return []
+    encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
+    try:
+        return list(decode(encoded, device=device))
+    except Exception:  # noqa: BLE001 - which image failed? each alone says
+        return [_decoded_alone(decode, tensor, device) for tensor in encoded]
+
+
+def _decoded_alone(decode, tensor: torch.Tensor, device: torch.device) -> torch.Tensor | Exception:
+    try:
+        return decode([tensor], device=device)[0]
+    except Exception as exn:  # noqa: BLE001 - this image's error, reported for its sample
+        return exn
 
 
 def _pillow_crop(picture: PIL.Image.Image, crop: Crop) -> PIL.Image.Image:
