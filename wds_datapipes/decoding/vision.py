@@ -188,8 +188,8 @@ def decode_crops_on(device: torch.device, samples: list[dict], field: str, forma
         jpegs = []
         for i, sample in enumerate(samples):
             try:
-                check_image_pixels(sample[field], formats, max_pixels)
                 if decoders is not None and formats == ("JPEG",):
+                    check_image_pixels(sample[field], formats, max_pixels)
                     jpegs.append(i)
                     continue
                 row = torch.empty(rows.shape[1:], dtype=torch.uint8)  # decoded and cropped on the CPU, moved

@@ -104,10 +104,11 @@ def pipeline_load_state_dict(pipe: IterDataPipe, state: Mapping | EpochState | N
 
 
 def _replay_state(pipe: IterDataPipe) -> dict:
-    seeds = _seeds(pipe)
+    seeded = _seeded_pipes(pipe)  # one walk of the graph: StatefulDataLoader asks after every batch
+    seeds = [s for _, s in seeded]
     items = pipe._number_of_samples_yielded
     epoch = seeds[0].epoch - (items > 0) if seeds else 0  # an iteration has drawn its orders: the next epoch's count
-    unseeded = sorted({_SEEDED_NAMES.get(type(p).__name__, type(p).__name__) for p, s in _seeded_pipes(pipe)
+    unseeded = sorted({_SEEDED_NAMES.get(type(p).__name__, type(p).__name__) for p, s in seeded
                        if s.seed is None and s.loader_seed is None
                        and p.__dict__.get("shuffle_order", True)})  # a lister that does not shuffle draws nothing
     # The loader seeds the epoch drew its orders from: StatefulDataLoader's checkpoint names a

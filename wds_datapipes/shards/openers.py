@@ -270,6 +270,7 @@ class _CommandStream:
         ready, _, _ = select.select([self._out], [], [], self.timeout)
         if not ready:
             self._stop()
+            self._out.close()  # settled here: close() has no exit status left to report
             raise ShardReadError(self.url, None, self._passed, f"the command wrote nothing for {self.timeout:g} s "
                                  "(Limits.pipe_timeout); it was stopped")
 
@@ -284,7 +285,7 @@ class _CommandStream:
             raise ShardOpenError(self.url, f"the command was still running {self.grace:g} s after its output "
                                            "was closed (Limits.pipe_grace); it was stopped") from None
         # A reader that stops early closes the pipe; the command then dies of SIGPIPE.
-        if status not in (0, -13, 141, -9):
+        if status not in (0, -13, 141):
             raise ShardOpenError(self.url, f"command exited with status {status}")
 
     def _stop(self) -> None:
