@@ -125,6 +125,11 @@ class AISObjectStream(io.RawIOBase):
         return "/".join(part or "" for part in self._identity)
 
     @property
+    def size(self) -> int | None:
+        """The whole object's size in bytes as the cluster said it (``stream_size`` reads it), or None."""
+        return self._size
+
+    @property
     def position(self) -> int:
         """The object's byte offset of the next byte to return (``start`` + bytes returned)."""
         return self._pos

@@ -6,7 +6,9 @@ Shards of random bytes are served by a local HTTP server that sends at most ``--
 MB/s per connection (a realistic object store or web server seen from one node), and read
 with ``load_tar().group_by_key()`` (no decoding): epochs 1 and 2 without the cache, with
 it (limit above the dataset), and with a limit of half the dataset; then, with a
-DataLoader of 2 workers, the bytes the server sent per epoch with and without the cache.
+DataLoader of 2 workers, the bytes the server sent per epoch with and without the cache;
+then ``ExactEpochs`` (shuffled) over the cached copies, by an index with member places
+against one without (read through the tar headers).
 """
 
 from __future__ import annotations
@@ -59,6 +61,34 @@ def epoch(urls: list[str], workers: int = 0) -> tuple[float, int]:
     return time.perf_counter() - began, count
 
 
+def exact_epochs(urls: list[str], work: str, epochs: int) -> None:
+    """Samples/s of ExactEpochs' later epochs from the cached copies: by member places, and
+    through headers; with each opening checked against the source (a HEAD), and with checks
+    at most every 300 s."""
+    print("\nExactEpochs, shuffled, one process, epochs 2 on (every shard cached): samples/s")
+    print(f"{'':<34}{'revalidate=True':>18}{'revalidate=300':>18}")
+    rates: dict[str, list[float]] = {}
+    for label, places in (("index with member places", True), ("index without (tar headers)", False)):
+        path = os.path.join(work, f"index-{places}.json")
+        wd.ShardIndex.from_scans(wd.build_index(urls, places=places)).save(path)
+        for revalidate in (True, 300):
+            wd.set_cache(os.path.join(work, "cache-exact"), "1TB", revalidate=revalidate)
+            pipe = wd.ExactEpochs(path, batch_size=8)
+            best = 0.0
+            for e in range(epochs + 1):
+                pipe.set_epoch(e)
+                began = time.perf_counter()
+                count = sum(1 for _ in pipe)
+                if e:
+                    best = max(best, count / (time.perf_counter() - began))
+                else:  # the first epoch may download (through the headers): the copies are then made
+                    time.sleep(1)
+            rates.setdefault(label, []).append(best)
+        print(f"{label:<34}" + "".join(f"{r:>16,.0f}/s" for r in rates[label]))
+    first, second = rates.values()
+    print(f"{'places / headers':<34}" + "".join(f"{a / b:>17.2f}x" for a, b in zip(first, second)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shards", type=int, default=16)
@@ -105,6 +135,7 @@ def main() -> None:
                     seconds, _ = epoch(urls, workers=2)
                     cells.append(f"{(server.sent - sent) / MB:6.1f} MB {seconds:5.2f} s")
                 print(f"{label:<34}" + "".join(f"{c:>20}" for c in cells))
+            exact_epochs(urls, work, args.epochs)
     finally:
         wd.set_cache(None)
         shutil.rmtree(work, ignore_errors=True)

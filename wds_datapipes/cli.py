@@ -64,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("-j", "--jobs", type=int, default=8, help="shards read at a time (default 8)")
     index.add_argument("--no-offsets", action="store_true", help="write no offsets file")
     index.add_argument("--places", action="store_true",
-                       help="also record where each member's bytes lie in its shard (local, uncompressed "
-                       "shards): ExactEpochs then reads them without parsing tar headers, ~2x faster raw")
+                       help="also record where each member's bytes lie in its shard (uncompressed shards whose "
+                       "size is known): ExactEpochs then reads them without parsing tar headers, ~2x faster raw "
+                       "(a remote shard once the shard cache holds it)")
     index.add_argument("--restart", action="store_true", help="ignore the progress of an interrupted run")
     index.add_argument("--quiet", action="store_true", help="no progress bar")
     index.set_defaults(run=_index)
@@ -162,7 +163,7 @@ def _places_summary(index: ShardIndex, asked: bool) -> str:
     if not asked:
         return ""
     placed = 0 if index.places is None else sum(index.places.has(i) for i in range(len(index)))
-    return f", member places for {placed} of {len(index)} shards (local, uncompressed)"
+    return f", member places for {placed} of {len(index)} shards (uncompressed, of a known size)"
 
 
 def _scan_to_json(scan: ShardScan) -> dict:
@@ -350,9 +351,9 @@ def _verify(args: argparse.Namespace) -> int:
                     problems.append(f"shard {url!r}: its sample offsets differ from the index's; index it again")
             if scan.places is not None and not index.places.matches(i, scan.places):
                 problems.append(f"shard {url!r}: its member places differ from the index's; index it again")
-            elif scan.places is not None and (scan.places.filesize, scan.places.mtime_ns) != index.places.stamp(i):
+            elif scan.places is not None and (scan.places.filesize, scan.places.version) != index.places.stamp(i):
                 problems.append(f"shard {url!r} was modified since its member places were taken (its modification "
-                                "time differs): it is read through its headers until it is indexed again")
+                                "time or version differs): it is read through its headers until it is indexed again")
             for key in scan.keys or ():
                 if key in owners:
                     problems.append(f"key {key!r} is in shard {owners[key]!r} and in shard {url!r}")

@@ -58,3 +58,35 @@ def test_plain_webdataset_reads_ais_shards_through_the_cache(bucket, tmp_path):
         assert (stats.misses - before.misses, stats.hits - before.hits) == (2, 2)
     finally:
         wd.set_cache(None)
+
+
+def test_exact_epochs_read_cached_ais_shards_by_their_member_places(bucket, tmp_path, monkeypatch):
+    from wds_datapipes.epochs import reading
+
+    uploader = ShardUploader(f"ais://{bucket}/", remove=False)
+    paths = write_shards(tmp_path / "src", make_samples(30, seed=6), per_shard=10, post=uploader)
+    urls = sorted(uploader.uploaded)
+    index = str(tmp_path / "index.json")
+    wd.ShardIndex.from_scans(wd.build_index(urls, places=True)).save(index)
+    places = wd.ShardIndex.load(index).places
+    assert [places.stamp(i)[1] for i in range(len(urls))] == [ais_source_stamp(u)[1] for u in urls]  # versions
+    through_headers = []
+    real = reading._scanned_span_samples
+    monkeypatch.setattr(reading, "_scanned_span_samples", lambda *a, **k: through_headers.append(a[1]) or real(*a, **k))
+
+    def epoch():
+        pipe = wd.ExactEpochs(index, batch_size=5, shuffle=False)
+        return strip_url({k: v for k, v in s.items() if k != "__pad__"} for s in pipe)
+
+    wd.set_cache(tmp_path / "cache", "1GB")
+    try:
+        assert epoch() == reference_samples(paths)
+        assert len(through_headers) == len(urls)  # no copies yet: through the headers, downloading
+        through_headers.clear()
+        before = wd.cache_stats()
+        assert epoch() == reference_samples(paths)
+        assert through_headers == []  # every sample read at its place in a cached copy
+        stats = wd.cache_stats()
+        assert stats.hits - before.hits == len(urls) and stats.source_bytes == before.source_bytes
+    finally:
+        wd.set_cache(None)

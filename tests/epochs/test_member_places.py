@@ -399,8 +399,9 @@ def test_a_reader_keeps_few_shards_open_and_reopens_them(tmp_path, sized_shards,
     expected = [s["__key__"] for s in ExactEpochs(write_index(shards, tmp_path / "plain.json"), **options)]
     monkeypatch.setattr("wds_datapipes.epochs.placed_shuffle.OPEN_PER_LANE", 1)
     opened = []
-    real_open = placed_reads.open_placed
-    monkeypatch.setattr("wds_datapipes.epochs.placed_shuffle.open_placed", lambda *a: opened.append(a[0]) or real_open(*a))
+    real_open = placed_reads.open_usable
+    monkeypatch.setattr("wds_datapipes.epochs.placed_shuffle.open_usable",
+                        lambda *a, **k: opened.append(a[2]) or real_open(*a, **k))
     pipe = ExactEpochs(path, **options)
     fds = len(os.listdir("/proc/self/fd"))
     most = 0

@@ -1,6 +1,7 @@
 """An HTTP server of the shards in a folder, for the cache's tests and benchmark: it counts
-what it sends, answers HEAD and Range requests with an ETag, and sends at most ``rate``
-bytes per second per connection (0: as fast as it can)."""
+what it is asked and sends (GETs and HEADs per object, bytes), answers HEAD and Range
+requests with an ETag, and sends at most ``rate`` bytes per second per connection (0: as
+fast as it can)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class ShardServer(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.folder, self.rate = folder, rate
         self.gets: collections.Counter[str] = collections.Counter()
+        self.heads: collections.Counter[str] = collections.Counter()
         self.sent = 0
         self.counting = threading.Lock()
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -59,6 +61,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_HEAD(self):
         found = self._object()
+        with self.server.counting:
+            self.server.heads[self.path.lstrip("/")] += 1
         if found:
             self._headers(found[1], 0, 200)
 

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,19 +20,14 @@ import pytest
 from shard_server import ShardServer
 
 import wds_datapipes as wd
-from wds_datapipes.shards import cache_streams
+from wds_datapipes.shards import cache, cache_store, cache_streams
 from wds_datapipes.shards.cache import parse_size
-from wds_datapipes.shards.cache_store import key_of
+from wds_datapipes.shards.cache_store import LEDGER_ROOM, key_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _no_cache_left_on(monkeypatch):
-    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    wd.set_cache(None)
+pytestmark = pytest.mark.usefixtures("no_cache_left_on")
 
 
 @pytest.fixture
@@ -54,9 +50,11 @@ def _read(urls) -> list[tuple[str, bytes]]:
     return [(s["__key__"], s["txt"]) for s in wd.ShardLister(list(urls)).load_tar().group_by_key()]
 
 
-def _entry_bytes(folder) -> int:
+def _entry_bytes(folder, ledger: bool = False) -> int:
+    """What the cache's copies and downloads take (and its ledger's files, with ``ledger``)."""
     total = 0
-    for path in glob.glob(os.path.join(folder, "*.data")) + glob.glob(os.path.join(folder, "*.part")):
+    paths = glob.glob(os.path.join(folder, "*.data")) + glob.glob(os.path.join(folder, "*.part"))
+    for path in paths + (glob.glob(os.path.join(folder, "ledger.sqlite*")) if ledger else []):
         try:
             total += os.stat(path).st_size
         except FileNotFoundError:
@@ -111,14 +109,14 @@ def test_settings_reach_spawned_processes_through_the_environment(tmp_path):
 def test_the_limit_is_never_exceeded_while_reading_and_the_part_that_fits_stays(served, tmp_path):
     _server, urls, paths = served(n=8, samples=60)
     size = os.path.getsize(paths[0])
-    limit = 4 * size + 4096 * 4 + size // 2  # room for four shards and a half
+    limit = LEDGER_ROOM + (64 << 10) + 4 * size + 4096 * 4 + size // 2  # the ledger, four shards and a half
     wd.set_cache(tmp_path / "cache", limit)
     expected = _read(urls)
     peak, stop = [0], threading.Event()
 
     def sample():
         while not stop.is_set():
-            peak[0] = max(peak[0], _entry_bytes(tmp_path / "cache"))
+            peak[0] = max(peak[0], _entry_bytes(tmp_path / "cache", ledger=True))
             time.sleep(0.0005)
 
     sampler = threading.Thread(target=sample)
@@ -160,7 +158,7 @@ def test_a_second_reader_reads_along_instead_of_downloading_again(served, tmp_pa
     for t in threads:
         t.join()
     assert results[0] == results[1] and len(results[0]) == 400
-    assert all(n == 1 for n in server.gets.values())
+    assert all(n == 1 for n in server.gets.values()), (server.gets, wd.cache_stats())
     assert wd.cache_stats().read_along >= 1
 
 
@@ -272,6 +270,63 @@ def test_a_changed_remote_object_is_fetched_again_never_mixed(served, tmp_path, 
     new = _read(urls)
     assert len(new) == 31 and new != old
     assert server.gets[urls[0].rpartition("/")[2]] == 2 and _read(urls) == new
+
+
+@pytest.mark.parametrize(("revalidate", "asked"), [(True, [1, 1, 1]), (3600, [0, 0, 0]), (False, [0, 0, 0]),
+                                                   (0.2, [1, 0, 1])])
+def test_revalidation_asks_the_source_as_often_as_told(served, tmp_path, revalidate, asked):
+    server, urls, _ = served(n=2)
+    wd.set_cache(tmp_path / "cache", "1GB", revalidate=revalidate)
+    expected = _read(urls)  # downloaded: checked now
+    heads = []
+    for pause in (0.25, 0, 0.25):  # 0.2 s between checks: the second read comes too soon
+        time.sleep(pause)
+        server.heads.clear()
+        assert _read(urls) == expected
+        heads.append(sum(server.heads.values()) // len(urls))
+    assert heads == asked
+    cache._settings_read = False  # as a spawned worker reads the settings: from the environment
+    assert wd.get_cache().revalidate == revalidate
+    with pytest.raises(ValueError, match="revalidate"):
+        wd.set_cache(tmp_path / "cache", "1GB", revalidate=-1)
+
+
+def _synced() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "wds-cache-sync":
+            thread.join()
+
+
+def test_a_copy_s_bytes_are_synced_to_the_disk_and_the_ledger_says_so(served, tmp_path, monkeypatch):
+    _server, urls, _ = served(n=1)
+    wd.set_cache(tmp_path / "cache", "1GB")
+    data = tmp_path / "cache" / f"{key_of(urls[0])}.data"
+    ledger = tmp_path / "cache" / "ledger.sqlite"
+    synced, real_sync = [], os.fdatasync
+
+    def fdatasync(fd):
+        row = sqlite3.connect(ledger).execute("SELECT state, unsynced FROM entries").fetchone()
+        synced.append((os.fstat(fd).st_ino == data.stat().st_ino, row))
+        real_sync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    _read(urls)
+    _synced()
+    assert synced == [(True, ("done", cache_store.BOOT))]  # the complete copy, while the ledger says "unsynced"
+    assert sqlite3.connect(ledger).execute("SELECT unsynced FROM entries").fetchall() == [(None,)]
+
+
+def test_a_copy_not_synced_before_the_machine_went_down_is_fetched_again(served, tmp_path):
+    server, urls, _ = served(n=2)
+    wd.set_cache(tmp_path / "cache", "1GB")
+    expected = _read(urls)
+    _synced()
+    with sqlite3.connect(tmp_path / "cache" / "ledger.sqlite") as db:  # as if written in an earlier boot, unsynced
+        db.execute("UPDATE entries SET unsynced='an earlier boot' WHERE url=?", (urls[0],))
+    wd.set_cache(tmp_path / "cache", "1GB")  # the cache opened again: it drops that entry
+    server.gets.clear()
+    assert _read(urls) == expected
+    assert server.gets == {urls[0].rpartition("/")[2]: 1}
 
 
 def test_a_full_disk_goes_on_from_the_source_with_one_warning(served, tmp_path, monkeypatch, caplog):

@@ -34,7 +34,7 @@ from ..errors import IndexMismatchError, ShardOpenError, WdsError
 from ..shards.grouping import split_key
 from ..shards.openers import LocalPath, open_shard, stream_size, url_scheme
 from ..tar import iter_tar_places
-from .places import MemberPlaces, ShardPlaces, file_stamp, places_of_members
+from .places import MemberPlaces, ShardPlaces, places_of_members, shard_stamp
 
 WIDS_VERSION = 1
 OFFSET_DTYPE = np.dtype("<u4")
@@ -70,7 +70,7 @@ def scan_shard(url: str, keys: bool = False, places: bool = False) -> ShardScan:
     stream = open_shard(url)
     try:
         filesize = stream_size(stream)
-        stamp = file_stamp(stream) if places else None  # before the headers: a later change is seen
+        stamp = shard_stamp(stream, url) if places else None  # before the headers: a later change is seen
         starts: list[int | None] = []
         repeated: list[tuple[str, str]] = []
         seen: set[str] = set()

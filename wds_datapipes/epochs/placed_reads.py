@@ -10,21 +10,32 @@ into one reused buffer and copying each member out with ``bytes()`` (photos, 1 K
 samples/s). The checks every reader by places shares (a shard's stamp, the places of a
 span, a bad place, a short read) live here too; a shuffled share is read by
 :mod:`.placed_shuffle`.
+
+Where the shard cache keeps a shard (a remote one, or a local one on a network
+filesystem), it is read by its places from its complete copy
+(:func:`~wds_datapipes.shards.cache.cached_copy`), and through its headers until there
+is one: that read downloads it.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import IndexMismatchError, ShardFormatError, ShardOpenError, shard_error
 from ..limits import Limits
+from ..shards.cache import cached_copy, keeps
 from ..shards.openers import ShardUrl, local_path, plain_url, url_scheme
 from .places import MemberPlaces, SpanPlaces, stat_stamp
+
+if TYPE_CHECKING:
+    from ..shards.cache_streams import LocalCopy
 
 logger = logging.getLogger("wds_datapipes")
 
@@ -40,33 +51,87 @@ def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: in
 
     ``views``: fields are memoryviews of the ``bytes`` of each read (one copy per member),
     not copies of their own."""
-    stamp = usable_stamp(places, shard, url, filesize)
-    if stamp is None:
-        return None
-    span = places_of_samples(places, shard, url, start, stop)
-    return _placed_samples(local_path(url), ShardUrl.opened(url), span, stamp, limits, last_fields or {}, views)
-
-
-def usable_stamp(places: MemberPlaces, shard: int, url: str, filesize: int | None) -> tuple[int, int] | None:
-    """The (size, mtime_ns) of shard ``shard`` where it can be read by its places; None where
-    it has none, is not a local file, or was modified since they were taken (said once per
-    shard and process). A missing shard, or one of another size than the index says, raises."""
-    if places.shards[shard] is None or url_scheme(url) != "file":
+    file = open_usable(places, shard, url, filesize, limits)
+    if file is None:
         return None
     try:
-        stamp = stat_stamp(os.stat(local_path(url)))
-    except OSError as exn:
-        raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
-    if filesize is not None and stamp[0] != filesize:
-        raise IndexMismatchError(f"shard {url!r} has {stamp[0]} bytes, the index says {filesize}: "
-                                 "it changed since it was indexed; index it again")
-    if stamp != places.stamp(shard):
-        if url not in _warned:  # once per shard and process, not once per span
-            _warned.add(url)
-            logger.warning("shard %r was modified since its member places were taken (its modification time "
-                           "differs); reading its headers instead. Index it again to read it by places.", url)
+        span = places_of_samples(places, shard, url, start, stop)
+    except BaseException:
+        file.close()
+        raise
+    return _placed_samples(file, ShardUrl.opened(url), span, limits, last_fields or {}, views)
+
+
+class LocalShard:
+    """A local shard's descriptor, read by places: ``pread(size, offset)`` as ``os.pread``
+    (what a cached copy, :class:`~wds_datapipes.shards.cache_streams.LocalCopy`, offers too)."""
+
+    __slots__ = ("fd", "pread", "size")
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+        self.pread = functools.partial(os.pread, fd)  # no Python frame per read
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:  # a reader dropped before it began
+        self.close()
+
+
+def open_usable(places: MemberPlaces, shard: int, url: str, filesize: int | None, limits: Limits,
+                revalidate: bool = True) -> LocalShard | LocalCopy | None:
+    """Shard ``shard``'s bytes where they can be read by its places (close it when done): the
+    local file, checked to be the one its places were taken from, or the complete copy the
+    shard cache holds of a shard it keeps (checked against its source unless not
+    ``revalidate``). None where the shard has no places, was modified since they were taken
+    (said once per shard and process), or is kept by the cache but not held whole yet. A
+    missing local shard, or one of another size than the index says, raises."""
+    expected = places.stamp(shard)
+    if expected is None:
         return None
-    return stamp
+    if url_scheme(url) == "file":
+        try:
+            stamp = stat_stamp(os.stat(local_path(url)))
+        except OSError as exn:
+            raise ShardOpenError(url, f"{type(exn).__name__}: {exn}") from exn
+        _check_size(url, stamp[0], filesize)
+        if stamp != expected:
+            return _changed(url)
+        if not keeps(url):
+            return LocalShard(open_placed(local_path(url), ShardUrl.opened(url), stamp), stamp[0])
+        copy = cached_copy(url, limits, revalidate=False)  # the file was just asked, by its stamp
+        if copy is not None and (copy.size, copy.version) != (stamp[0], f"mtime_ns:{stamp[1]}"):
+            copy.close()
+            return None
+        return copy
+    copy = cached_copy(url, limits, revalidate)
+    if copy is None:
+        return None
+    try:
+        _check_size(url, copy.size, filesize)
+    except IndexMismatchError:
+        copy.close()
+        raise
+    if copy.size != expected[0] or (None not in (copy.version, expected[1]) and copy.version != expected[1]):
+        copy.close()
+        return _changed(url)
+    return copy
+
+
+def _check_size(url: str, size: int, filesize: int | None) -> None:
+    if filesize is not None and size != filesize:
+        raise IndexMismatchError(f"shard {url!r} has {size} bytes, the index says {filesize}: "
+                                 "it changed since it was indexed; index it again")
+
+
+def _changed(url: str) -> None:
+    if url not in _warned:  # once per shard and process, not once per span
+        _warned.add(url)
+        logger.warning("shard %r was modified since its member places were taken (its modification time or "
+                       "version differs); reading its headers instead. Index it again to read it by places.", url)
 
 
 def places_of_samples(places: MemberPlaces, shard: int, url: str, start: int, stop: int) -> SpanPlaces:
@@ -117,20 +182,19 @@ def _numbered(numbers: np.ndarray, start: int, stop: int) -> bool:
     return numbers[0] == start and numbers[-1] == stop - 1 and bool(((steps == 0) | (steps == 1)).all())
 
 
-def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int, int], limits: Limits,
-                    last_fields: dict, views: bool) -> Iterator[dict]:
+def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_fields: dict,
+                    views: bool) -> Iterator[dict]:
     """The samples of ``span``: members sliced out of reads of up to a megabyte (one read for
     a run of small members, a member larger than that read on its own), grouped by the sample
     numbers the scan gave them (one loop: a generator less per member).
 
     A member is checked against the read it falls in, and only a member outside it (about one
     in twenty photos) asks whether it is large: the fewest steps per member."""
-    fd = open_placed(path, url, stamp)
     plain = plain_url(url)  # samples carry a plain str in __url__, as webdataset's do
     rows = span.rows
     offset = -1
     try:
-        filesize = stamp[0]
+        filesize = file.size
         chunk = BUFFER_BYTES
         view = b""
         base = end = 0  # the file's bytes [base, base + end) are in view
@@ -149,7 +213,7 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
             at = offset - base
             if not 0 <= at <= end - size:
                 if size > chunk:
-                    alone = read_new(fd, size, offset, views)
+                    alone = read_new(file, size, offset, views)
                     if len(alone) < size:
                         raise _truncated(url, span, offset, len(alone), size)
                     at = -1
@@ -159,7 +223,7 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
                     if large:
                         after = bisect.bisect_right(large, offset)
                         stop = min(stop, large[after]) if after < len(large) else stop
-                    view = read_new(fd, stop - offset, offset, views)  # the views handed out keep theirs
+                    view = read_new(file, stop - offset, offset, views)  # the views handed out keep theirs
                     end = len(view)
                     if end < size:
                         raise _truncated(url, span, offset, end, size)
@@ -180,13 +244,13 @@ def _placed_samples(path: str, url: ShardUrl, span: SpanPlaces, stamp: tuple[int
             raise shard_error(exn, url, offset=0) from exn
         raise shard_error(exn, url, span.name(span.member_at(offset)), offset) from exn
     finally:
-        os.close(fd)
+        file.close()
 
 
-def read_new(fd: int, size: int, offset: int, views: bool) -> bytes | memoryview:
-    """``size`` bytes at ``offset`` in new ``bytes`` (slicing them copies a member: measured
-    faster than a reused buffer and ``bytes()``), a memoryview of them for views."""
-    data = os.pread(fd, size, offset)
+def read_new(file: LocalShard | LocalCopy, size: int, offset: int, views: bool) -> bytes | memoryview:
+    """``size`` bytes at ``offset`` of ``file`` in new ``bytes`` (slicing them copies a member:
+    measured faster than a reused buffer and ``bytes()``), a memoryview of them for views."""
+    data = file.pread(size, offset)
     return memoryview(data) if views else data
 
 

@@ -15,7 +15,8 @@ most a megabyte, else one per member. Only the sample being yielded is held (and
 places of the open shards, about 100 bytes a member). The samples and their order are
 those of the lanes.
 
-Shards are opened as the reader reaches them, checked as ``read_placed`` checks them, and
+Shards are opened as the reader reaches them (a local file, or a remote shard's copy in
+the shard cache, see :func:`~.placed_reads.open_usable`), checked as ``read_placed`` checks them, and
 kept open for the ``OPEN_PER_LANE * lanes`` most recently read (at least the shards of the
 current block). Where a shard has no places or was modified since they were taken, the
 rest of the share, from that sample on, is read by the lanes.
@@ -24,7 +25,6 @@ rest of the share, from that sample on, is read by the lanes.
 from __future__ import annotations
 
 import collections
-import os
 from array import array
 from collections.abc import Callable, Iterator
 
@@ -33,10 +33,10 @@ import numpy as np
 from ..errors import ShardFormatError, shard_error
 from ..handlers import EXACT_EPOCH_FLAG
 from ..limits import Limits
-from ..shards.openers import ShardUrl, local_path, plain_url
+from ..shards.openers import ShardUrl, plain_url
 from . import placed_reads
 from .index import ShardIndex
-from .placed_reads import bad_members, bad_place, open_placed, places_of_samples, read_new, usable_stamp
+from .placed_reads import bad_members, bad_place, open_usable, places_of_samples, read_new
 from .plan import ReaderPlan
 from .spans import SpanList
 
@@ -83,8 +83,8 @@ class _Shard:
     keeps a few dozen of these (measured: 96 bytes a member; lists of names, (key, suffix)
     pairs and offsets took 185)."""
 
-    def __init__(self, index: ShardIndex, shard: int, lo: int, hi: int, stamp: tuple[int, int], limit: int):
-        self.index, self.shard, self.lo, self.filesize = index, shard, lo, stamp[0]
+    def __init__(self, index: ShardIndex, shard: int, lo: int, hi: int, file, limit: int):
+        self.index, self.shard, self.lo, self.file, self.filesize = index, shard, lo, file, file.size
         url = index.url(shard)
         span = places_of_samples(index.places, shard, url, lo, hi)
         rows = span.rows
@@ -95,8 +95,7 @@ class _Shard:
         firsts = np.searchsorted(rows["sample"], np.arange(lo, hi + 1))  # per sample, its first member
         self.firsts = array("q", firsts.astype(np.int64).tobytes())
         self.keys, self.suffixes = span.keys, span.suffixes  # one string per distinct field name
-        self.bad = bad_members(rows, stamp[0], limit).tolist()  # an error when their sample is read
-        self.fd = open_placed(local_path(url), self.url, stamp)
+        self.bad = bad_members(rows, file.size, limit).tolist()  # an error when their sample is read
 
     def name(self, member: int) -> str:
         """The name of member ``member`` (counted from sample ``lo``'s first), for errors."""
@@ -113,10 +112,11 @@ class _PlacedShards:
 
     def __init__(self, index: ShardIndex, ranges: dict[int, tuple[int, int]], limits: Limits, views: bool,
                  keep: int):
-        self.index, self.ranges, self.views, self.keep = index, ranges, views, keep
+        self.index, self.ranges, self.views, self.keep, self.limits = index, ranges, views, keep, limits
         self.limit = limits.max_member_bytes
         self.chunk = placed_reads.BUFFER_BYTES  # a sample's members up to this much are read at once
         self.open: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
+        self.checked: set[int] = set()  # shards whose cached copy was checked against its source
 
     def keep_at_least(self, shards: int) -> None:
         """Keeps the shards of a block open however many it reads from."""
@@ -128,12 +128,19 @@ class _PlacedShards:
             self.open.move_to_end(shard)
             return opened
         url = self.index.url(shard)
-        stamp = usable_stamp(self.index.places, shard, url, self.index.shards[shard].filesize)
-        if stamp is None:
+        file = open_usable(self.index.places, shard, url, self.index.shards[shard].filesize, self.limits,
+                           revalidate=shard not in self.checked)
+        if file is None:
             raise _NotPlaced(url)
-        opened = self.open[shard] = _Shard(self.index, shard, *self.ranges[shard], stamp, self.limit)
+        self.checked.add(shard)
+        try:
+            opened = _Shard(self.index, shard, *self.ranges[shard], file, self.limit)
+        except BaseException:
+            file.close()
+            raise
+        self.open[shard] = opened
         if len(self.open) > self.keep:
-            os.close(self.open.popitem(last=False)[1].fd)
+            self.open.popitem(last=False)[1].file.close()
         return opened
 
     def sample(self, shard: int, number: int, pad: bool) -> dict:
@@ -159,7 +166,7 @@ class _PlacedShards:
     def _read(self, s: _Shard, a: int, b: int, low: int, high: int) -> bytes | memoryview:
         """The shard's bytes ``low`` .. ``high - 1`` (members ``a`` .. ``b - 1``), as ``read_new`` gives them."""
         try:
-            view = read_new(s.fd, high - low, low, self.views)
+            view = read_new(s.file, high - low, low, self.views)
         except OSError as exn:
             raise shard_error(exn, s.url, s.name(a), low) from exn
         if len(view) < high - low:
@@ -169,7 +176,7 @@ class _PlacedShards:
 
     def _read_member(self, s: _Shard, m: int) -> bytes | memoryview:
         try:
-            field = read_new(s.fd, s.sizes[m], s.data[m], self.views)
+            field = read_new(s.file, s.sizes[m], s.data[m], self.views)
         except OSError as exn:
             raise shard_error(exn, s.url, s.name(m), s.data[m]) from exn
         if len(field) < s.sizes[m]:
@@ -183,4 +190,4 @@ class _PlacedShards:
 
     def close(self) -> None:
         while self.open:
-            os.close(self.open.popitem()[1].fd)
+            self.open.popitem()[1].file.close()

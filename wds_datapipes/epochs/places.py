@@ -7,14 +7,19 @@ suffix). :mod:`.placed_reads` reads samples by them without parsing a tar header
 :mod:`.placed_shuffle` reads a shuffled share sample by sample at them.
 
 Places are only as good as the shard they were taken from. Each shard's size and
-modification time are recorded beside its places; a shard whose size differs is an
-:class:`IndexMismatchError` (as without places), one whose modification time differs is
-read through its headers again, with a warning. Compressed shards, sparse members and
-shards that are not local files have no places and are always read through their headers.
+version are recorded beside its places: a local file's modification time, a remote
+object's version as its source gave it (ETag, Last-Modified, the AIS object's version).
+A shard whose size differs is an :class:`IndexMismatchError` (as without places), one
+whose version differs is read through its headers again, with a warning. A remote shard
+is read by its places from its complete copy in the shard cache
+(:func:`~wds_datapipes.shards.cache.cached_copy`), and through its headers until there is
+one. Compressed shards, sparse members and shards whose size their source does not tell
+(``pipe:``) have no places and are always read through their headers.
 
 Files, beside the index's JSON (named in its ``"wds_datapipes"`` entry), format 2:
 
-- ``<stem>.places.json``: per shard, its member count, size and ``mtime_ns``, or null; and
+- ``<stem>.places.json``: per shard, its member count, size and ``mtime_ns`` (a local
+  file) or ``version`` (a remote object; null where its source gave none), or null; and
   the table of the suffixes the members have, as written (``"suffixes"``);
 - ``<stem>.places``: one record per member (little-endian): data offset ``u8``, size
   ``u8``, sample within the shard ``u4``, number of its suffix in the table ``u4``, first
@@ -42,7 +47,7 @@ import numpy as np
 
 from ..errors import IndexMismatchError, WdsError
 from ..shards.grouping import split_key
-from ..shards.openers import url_scheme
+from ..shards.openers import local_path, stream_stamp, url_scheme
 
 ROW = np.dtype([("data", "<u8"), ("size", "<u8"), ("sample", "<u4"), ("suffix", "<u4"), ("key", "<u8")])
 ROW_1 = np.dtype([("data", "<u8"), ("size", "<u8"), ("sample", "<u4"), ("name", "<u8")])  # format 1, read only
@@ -59,13 +64,13 @@ class ShardPlaces:
     sizes: np.ndarray | None = None
     samples: np.ndarray | None = None  # each member's sample number within the shard
     filesize: int | None = None
-    mtime_ns: int | None = None
+    version: int | str | None = None  # a local file's mtime_ns, a remote object's version (or None)
 
     def to_json(self) -> dict:
         """A JSON-able form (an interrupted index run keeps its scans in it)."""
         if self.names is None:
             return {"names": None}
-        return {"names": self.names, "filesize": self.filesize, "mtime_ns": self.mtime_ns,
+        return {"names": self.names, "filesize": self.filesize, **_version_json(self.version),
                 **{key: base64.b64encode(np.asarray(getattr(self, key), dtype="<i8").tobytes()).decode()
                    for key in ("data", "sizes", "samples")}}
 
@@ -75,28 +80,36 @@ class ShardPlaces:
             return cls(None)
         arrays = {key: np.frombuffer(base64.b64decode(entry[key]), dtype="<i8").astype(np.int64)
                   for key in ("data", "sizes", "samples")}
-        return cls(list(entry["names"]), filesize=int(entry["filesize"]), mtime_ns=int(entry["mtime_ns"]), **arrays)
+        return cls(list(entry["names"]), filesize=int(entry["filesize"]), version=_version_of(entry), **arrays)
 
 
-def file_stamp(stream) -> tuple[int, int] | None:
-    """(size, mtime_ns) of an opened local file (taken before its headers are read), else None."""
-    try:
-        return stat_stamp(os.fstat(stream.fileno()))
-    except (AttributeError, OSError, ValueError):
-        return None
+def shard_stamp(stream, url: str) -> tuple[int, int | str | None] | None:
+    """The stamp of an opened shard, taken before its headers are read (so a later change is
+    seen): (size, mtime_ns) of a local file, (size, version) of a remote object as its
+    stream says them; None where the size is not known."""
+    if url_scheme(url) == "file":
+        try:
+            return stat_stamp(os.fstat(stream.fileno()))
+        except (AttributeError, OSError, ValueError):  # read through the shard cache: the file itself
+            try:
+                return stat_stamp(os.stat(local_path(url)))
+            except OSError:
+                return None
+    size, version = stream_stamp(stream, url)
+    return None if size is None else (size, version)
 
 
 def places_of_members(url: str, members: Sequence[tuple[str, int | None, int]],
                       stamp: tuple[int, int] | None) -> ShardPlaces:
     """The places of one shard from its (name, data offset, size) members, in order, and the
-    shard's ``stamp`` (:func:`file_stamp`, taken when it was opened).
+    shard's ``stamp`` (:func:`shard_stamp`, taken when it was opened).
 
     Members outside samples (no suffix, ``__meta__``) are left out, samples counted as
     :func:`~wds_datapipes.shards.grouping.group_members` makes them. A shard with a member whose
     bytes are no single run (sparse, compressed), a name with a NUL, or a suffix twice in
     a sample (an error ``group_by_key`` reports) gets no places.
     """
-    if stamp is None or url_scheme(url) != "file":
+    if stamp is None:
         return ShardPlaces(None)
     names, data, sizes, samples = [], [], [], []
     previous, number, suffixes = None, -1, set()
@@ -146,7 +159,8 @@ class MemberPlaces:
         rows: one ``ROW`` record per member of every shard with places, in shard order
             (``ROW_1`` records where ``suffixes`` is None: format 1).
         text: the keys file's bytes (NUL after each key); format 1: the names file's.
-        shards: per shard of the index, (member count, size, mtime_ns), or None.
+        shards: per shard of the index, (member count, size, version), or None (the version:
+            a local file's mtime_ns, a remote object's version or None).
         suffixes: the table of suffixes as written that the records number (format 2).
     """
 
@@ -184,7 +198,7 @@ class MemberPlaces:
             part["key"] = starts[samples - samples[0]] if len(samples) else starts[:0]
             rows.append(part)
             keys.extend(encoded)
-            entries.append((len(splits), shard.filesize, shard.mtime_ns))
+            entries.append((len(splits), shard.filesize, shard.version))
         return cls(np.concatenate(rows) if rows else np.empty(0, dtype=ROW), b"".join(keys), entries, list(table))
 
     def shard_places(self, shard: int) -> ShardPlaces:
@@ -202,7 +216,8 @@ class MemberPlaces:
         if self.suffixes is None:
             return MemberPlaces.from_shards([self.shard_places(i) for i in range(len(self.shards))]).files(stem)
         entry = {"shards": f"{stem}.places.json", "rows": f"{stem}.places", "keys": f"{stem}.keys"}
-        shards = [None if s is None else {"members": s[0], "filesize": s[1], "mtime_ns": s[2]} for s in self.shards]
+        shards = [None if s is None else {"members": s[0], "filesize": s[1], **_version_json(s[2])}
+                  for s in self.shards]
         return entry, {
             entry["shards"]: json.dumps({"format": FORMAT, "shards": shards, "suffixes": self.suffixes}).encode(),
             entry["rows"]: np.ascontiguousarray(self.rows, dtype=ROW).tobytes(),
@@ -218,7 +233,7 @@ class MemberPlaces:
                 spec = json.load(meta)
             if spec.get("format") not in (1, 2):
                 raise WdsError(f"index {index_location!r}: unknown member places format {spec.get('format')!r}")
-            shards = [None if s is None else (int(s["members"]), int(s["filesize"]), int(s["mtime_ns"]))
+            shards = [None if s is None else (int(s["members"]), int(s["filesize"]), _version_of(s))
                       for s in spec["shards"]]
             suffixes = None if spec["format"] == 1 else [str(s) for s in spec["suffixes"]]
             rows = _map(os.path.join(folder, entry["rows"]), ROW_1 if suffixes is None else ROW)
@@ -254,8 +269,8 @@ class MemberPlaces:
     def has(self, shard: int) -> bool:
         return self.shards[shard] is not None
 
-    def stamp(self, shard: int) -> tuple[int, int] | None:
-        """(size, mtime_ns) shard ``shard`` had when its places were taken; None without places."""
+    def stamp(self, shard: int) -> tuple[int, int | str | None] | None:
+        """(size, version) shard ``shard`` had when its places were taken; None without places."""
         entry = self.shards[shard]
         return None if entry is None else entry[1:]
 
@@ -353,6 +368,15 @@ def _fields(suffixes: list[str]) -> list[str]:
     """The field names of a suffix table: lowercased, one string per distinct name."""
     common: dict[str, str] = {}
     return [common.setdefault(suffix.lower(), suffix.lower()) for suffix in suffixes]
+
+
+def _version_json(version: int | str | None) -> dict:
+    """A shard's version in the places' JSON: a local file's ``mtime_ns``, a remote object's ``version``."""
+    return {"mtime_ns": version} if isinstance(version, int) else {"version": version}
+
+
+def _version_of(entry: dict) -> int | str | None:
+    return int(entry["mtime_ns"]) if "mtime_ns" in entry else entry.get("version")
 
 
 def stat_stamp(stat: os.stat_result) -> tuple[int, int]:

@@ -27,11 +27,13 @@ files and locks; :mod:`.cache_streams` what a reader is handed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import logging
 import os
 import re
 import sqlite3
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,7 +45,8 @@ from .cache_streams import (
     CacheStats,
 )
 
-__all__ = ["CacheSettings", "CacheStats", "cache_stats", "get_cache", "parse_size", "set_cache", "verify_cache"]
+__all__ = ["CacheSettings", "CacheStats", "cache_stats", "cached_copy", "get_cache", "parse_size", "set_cache",
+           "verify_cache"]
 
 logger = logging.getLogger("wds_datapipes")
 
@@ -64,20 +67,31 @@ class CacheSettings:
         local: which local paths are cached: ``"network"`` (those on NFS, CIFS, Lustre, FUSE
             mounts, ...; default), ``"all"`` or ``"none"``.
         revalidate: check a cached shard against its source when it is opened (a HEAD
-            request for HTTP and AIS, a stat for files; default True). ``pipe:`` shards
+            request for HTTP and AIS, a stat for files): True (default) at every opening,
+            False never, a number of seconds: at most once in that long per shard on the
+            machine (the time of the last check is in the ledger). ``pipe:`` shards
             cannot be asked: their entry is trusted.
     """
 
     directory: str
     limit: int
     local: str = "network"
-    revalidate: bool = True
+    revalidate: bool | float = True
 
     def __post_init__(self):
         if self.local not in ("network", "all", "none"):
             raise ValueError(f"CacheSettings.local must be 'network', 'all' or 'none', not {self.local!r}")
         if self.limit < 0:
             raise ValueError(f"CacheSettings.limit must be >= 0, not {self.limit}")
+        if not isinstance(self.revalidate, (bool, int, float)) or self.revalidate < 0:
+            raise ValueError(f"CacheSettings.revalidate must be True, False or seconds >= 0, not {self.revalidate!r}")
+
+    @property
+    def check_after(self) -> float | None:
+        """Seconds after its last check that a cached shard is checked again (None: never)."""
+        if isinstance(self.revalidate, bool):
+            return 0.0 if self.revalidate else None
+        return float(self.revalidate)
 
 
 def parse_size(text: str | int) -> int:
@@ -97,7 +111,7 @@ _stores: dict[tuple[int, str], Store] = {}
 
 
 def set_cache(directory: str | os.PathLike | None, limit: str | int = "100GB", *, local: str = "network",
-              revalidate: bool = True) -> CacheSettings | None:
+              revalidate: bool | float = True) -> CacheSettings | None:
     """Cache remote shards in ``directory``, taking at most ``limit`` (``"200GB"``), from now on
     in this process and in the processes it starts (DataLoader workers, fork or spawn);
     ``None`` turns the cache off. Returns the previous settings.
@@ -114,12 +128,10 @@ def set_cache(directory: str | os.PathLike | None, limit: str | int = "100GB", *
     else:
         _settings = CacheSettings(os.path.abspath(os.fspath(directory)), parse_size(limit), local, revalidate)
         os.environ.update({DIR_ENV: _settings.directory, LIMIT_ENV: str(_settings.limit), LOCAL_ENV: local,
-                           REVALIDATE_ENV: "1" if revalidate else "0"})
+                           REVALIDATE_ENV: _revalidate_text(revalidate)})
     _settings_read = True
     DISABLED.clear()
-    for store in _stores.values():
-        store.db.close()
-    _stores.clear()
+    _stores.clear()  # not closed here: a thread may still sync or finish a download through one
     return previous
 
 
@@ -132,8 +144,25 @@ def get_cache() -> CacheSettings | None:
         if directory:
             _settings = CacheSettings(os.path.abspath(directory), parse_size(os.environ.get(LIMIT_ENV, "100GB")),
                                       os.environ.get(LOCAL_ENV, "network"),
-                                      os.environ.get(REVALIDATE_ENV, "1") not in ("0", "false", "no"))
+                                      _revalidate_of(os.environ.get(REVALIDATE_ENV, "1")))
     return _settings
+
+
+def _revalidate_text(revalidate: bool | float) -> str:
+    return ("1" if revalidate else "0") if isinstance(revalidate, bool) else f"{float(revalidate)!r}s"
+
+
+def _revalidate_of(text: str) -> bool | float:
+    """``WDS_CACHE_REVALIDATE``: 1/true/yes, 0/false/no, or seconds (``"300"``, ``"300s"``)."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", ""):
+        return True
+    if word in ("0", "false", "no"):
+        return False
+    try:
+        return float(word.removesuffix("s"))
+    except ValueError:
+        raise ValueError(f"{REVALIDATE_ENV}={text!r}: say 1, 0 or a number of seconds") from None
 
 
 def cache_stats(shared: bool = False) -> CacheStats:
@@ -144,7 +173,7 @@ def cache_stats(shared: bool = False) -> CacheStats:
     settings = get_cache()
     if settings is None:
         return CacheStats()
-    rows = dict(_store(settings).db.execute("SELECT name, value FROM counters").fetchall())
+    rows = dict(_store(settings).rows("SELECT name, value FROM counters"))
     return CacheStats(**{f.name: rows.get(f.name, 0) for f in dataclasses.fields(CacheStats)})
 
 
@@ -152,6 +181,31 @@ def log_cache_stats(what: str = "epoch") -> None:
     """Logs this process's counters (INFO), where the cache is on."""
     if get_cache() is not None:
         logger.info("shard cache, this %s's process so far: %s", what, STATS)
+
+
+def keeps(url: str) -> bool:
+    """Whether the cache is on and keeps ``url`` (any URL but a local file, which only where
+    :attr:`CacheSettings.local` says so)."""
+    settings = get_cache()
+    return settings is not None and settings.directory not in DISABLED and _cacheable(url, settings)
+
+
+def cached_copy(url: str, limits: Limits | None = None, revalidate: bool = True):
+    """The complete cached copy of ``url``, checked as an opening's is (``revalidate=False``:
+    not against its source), held against eviction until it is closed; None where the cache
+    is off, does not keep ``url``, or holds no complete copy of it. Nothing is downloaded.
+
+    Readers by member places ``pread`` it (:meth:`~.cache_streams.LocalCopy.pread`: from
+    the source where the copy fails under a read); its ``size`` and ``version`` are the
+    source's when it was downloaded."""
+    if not keeps(url):
+        return None
+    settings = get_cache()
+    try:
+        return _store(settings).held(str(url), limits or get_limits(), openers.open_source, revalidate)
+    except (OSError, sqlite3.Error) as exn:
+        fault(settings.directory, f"the cache directory cannot be used ({type(exn).__name__}: {exn})", disable=True)
+        return None
 
 
 # ------------------------------------------------------------ the layer over open_shard
@@ -173,8 +227,15 @@ def _store(settings: CacheSettings) -> Store:
     key = (os.getpid(), settings.directory)  # a forked worker opens its own connection
     store = _stores.get(key)
     if store is None or store.settings != settings:
-        store = _stores[key] = Store(settings)
+        with _making:  # one per process, however many threads open their first shard at once
+            store = _stores.get(key)
+            if store is None or store.settings != settings:
+                store = _stores[key] = Store(settings)
     return store
+
+
+_making = threading.Lock()
+os.register_at_fork(after_in_child=lambda: globals().update(_making=threading.Lock()))
 
 
 def _cacheable(url: str, settings: CacheSettings) -> bool:
@@ -182,10 +243,12 @@ def _cacheable(url: str, settings: CacheSettings) -> bool:
         return True
     if settings.local != "network":
         return settings.local == "all"
-    return _on_network_fs(os.path.realpath(openers.local_path(url)))
+    return _on_network_fs(os.path.dirname(os.path.realpath(openers.local_path(url))))
 
 
+@functools.lru_cache(maxsize=1024)
 def _on_network_fs(path: str) -> bool:
+    """Whether the directory at ``path`` is on a network filesystem (asked once per directory and process)."""
     best, kind = "", ""
     try:
         with open("/proc/self/mounts") as mounts:

@@ -2,11 +2,13 @@
 
 ``ledger.sqlite`` (SQLite: one writer on the machine at a time, ``BEGIN IMMEDIATE``) holds
 one row per URL: ``part`` (a download, the bytes reserved for it), ``done`` (a complete
-entry: its size, the source's version, its mtime on disk, its CRC-32, its last read) or
+entry: its size, the source's version, its mtime on disk, its CRC-32, its last read, when
+it was last checked against its source, and until its bytes are synced to the disk the
+boot they were written in: a machine that went down before that drops it) or
 ``seen`` (no copy; the time of its last read, so that it may come back only in place of
 less recently read ones), and the counters. Files, named by a hash of the whole URL:
 ``<key>.part`` (a download), ``<key>.data`` (complete), ``<key>.lock`` (held by the
-downloader while it runs).
+downloader while it runs). The ledger's own files count against the limit.
 """
 
 from __future__ import annotations
@@ -19,14 +21,23 @@ import os
 import sqlite3
 import threading
 import time
-import urllib.request
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..limits import Limits
 from . import openers
-from .cache_streams import STATS, Download, LocalCopy, ReadAlong, add, probe_alive, release_lock, try_lock
+from .cache_streams import (
+    STATS,
+    Download,
+    LocalCopy,
+    ReadAlong,
+    add,
+    own_download,
+    probe_alive,
+    release_lock,
+    try_lock,
+)
 
 if TYPE_CHECKING:
     from .cache import CacheSettings
@@ -34,7 +45,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger("wds_datapipes")
 
 _BLOCK = 4096  # entries count in whole blocks: what a file takes on disk
+_WAL_PAGES = 256  # the ledger's write-ahead log is checkpointed at this many pages, and cut back to 1 MB after
+LEDGER_ROOM = 2 << 20  # kept off the limit for that log and its shared-memory index; the ledger's own file is counted
 DISABLED: set[str] = set()  # directories that failed in this process: read from the source
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+BOOT = _boot_id()  # this boot of the machine (Linux), or None
 
 
 def key_of(url: str) -> str:
@@ -49,47 +73,6 @@ def fault(directory: str, message: str, disable: bool = False) -> None:
     logger.warning("shard cache %s: %s; reading from the source", directory, message)
 
 
-def source_stamp(url: str, limits: Limits) -> tuple[int | None, str | None] | None:
-    """(size, version) of the object at ``url`` as its source says now; None where it cannot tell.
-
-    An opener tells by a ``source_stamp(url, limits)`` attribute (``aisio`` has one); HTTP and
-    local files are known here."""
-    scheme = openers.url_scheme(url)
-    opener = openers.opener_for(url)
-    ask = getattr(opener, "source_stamp", None) or {"http": _http_stamp, "https": _http_stamp,
-                                                    "file": _file_stamp}.get(scheme)
-    return ask(url, limits) if ask is not None else None
-
-
-def _http_stamp(url: str, limits: Limits) -> tuple[int | None, str | None]:
-    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=limits.http_timeout or None) as r:
-        return _stamp_of_headers(r.headers)
-
-
-def _stamp_of_headers(headers) -> tuple[int | None, str | None]:
-    length = headers.get("Content-Length")
-    return (int(length) if length and length.isdigit() else None), headers.get("ETag") or headers.get("Last-Modified")
-
-
-def _file_stamp(url: str, limits: Limits) -> tuple[int, str]:
-    info = os.stat(openers.local_path(url))
-    return info.st_size, f"mtime_ns:{info.st_mtime_ns}"
-
-
-def stream_stamp(stream, url: str) -> tuple[int | None, str | None]:
-    """(size, version) of an opened source stream, as it says them."""
-    version = getattr(stream, "version", None)
-    headers = getattr(stream, "headers", None)
-    if version is None and headers is not None:
-        version = headers.get("ETag") or headers.get("Last-Modified")
-    if version is None and openers.url_scheme(url) == "file":
-        try:
-            version = f"mtime_ns:{os.fstat(stream.fileno()).st_mtime_ns}"
-        except (OSError, ValueError, AttributeError):
-            version = None
-    return openers.stream_size(stream), version
-
-
 # ------------------------------------------------------------ the ledger
 
 
@@ -102,13 +85,20 @@ class Store:
         os.makedirs(self.dir, exist_ok=True)
         self.db = sqlite3.connect(os.path.join(self.dir, "ledger.sqlite"), timeout=120, isolation_level=None,
                                   check_same_thread=False)
-        self.lock = threading.Lock()  # one connection per process: its transactions one at a time
-        self.db.execute("PRAGMA journal_mode=WAL")
+        self.lock = threading.RLock()  # one connection per process: its statements one at a time
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(
-            "CREATE TABLE IF NOT EXISTS entries (key TEXT PRIMARY KEY, url TEXT, state TEXT, bytes INTEGER,"
-            " size INTEGER, version TEXT, mtime_ns INTEGER, crc INTEGER, used REAL);"
-            "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER);")
+        self.db.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
+        self.db.execute(f"PRAGMA journal_size_limit={1 << 20}")
+        _until_unlocked(lambda: self.db.execute("PRAGMA journal_mode=WAL"))  # asks no busy handler: tried again
+        with self.transaction() as db:  # one process makes the tables (or adds what an earlier version lacked)
+            db.execute("CREATE TABLE IF NOT EXISTS entries (key TEXT PRIMARY KEY, url TEXT, state TEXT, bytes INTEGER,"
+                       " size INTEGER, version TEXT, mtime_ns INTEGER, crc INTEGER, used REAL, checked REAL,"
+                       " unsynced TEXT)")
+            db.execute("CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER)")
+            columns = {row[1] for row in db.execute("PRAGMA table_info(entries)")}
+            for name, kind in (("checked", "REAL"), ("unsynced", "TEXT")):
+                if name not in columns:
+                    db.execute(f"ALTER TABLE entries ADD COLUMN {name} {kind}")
         self.clean()
 
     def path(self, key: str, kind: str) -> str:
@@ -117,7 +107,25 @@ class Store:
     def transaction(self):
         return _Transaction(self)
 
+    def one(self, query: str, *args) -> tuple | None:
+        """The first row of a read (the connection is this process's: one statement at a time)."""
+        with self.lock:
+            return self.db.execute(query, args).fetchone()
+
+    def rows(self, query: str, *args) -> list[tuple]:
+        with self.lock:
+            return self.db.execute(query, args).fetchall()
+
     # -- opening
+
+    def held(self, url: str, limits: Limits, open_source: Callable, revalidate: bool = True) -> LocalCopy | None:
+        """The complete copy of ``url``, checked as an opening's is (``revalidate=False``: not
+        against its source) and held against eviction until closed; None where there is none."""
+        key = key_of(url)
+        row = self.one("SELECT state, size, version, mtime_ns, checked FROM entries WHERE key=?", key)
+        if row is None or row[0] != "done":
+            return None
+        return self._hit(url, key, row, 0, limits, open_source, revalidate)
 
     def open(self, url: str, start: int, limits: Limits, open_source: Callable) -> io.RawIOBase:
         key = key_of(url)
@@ -134,7 +142,7 @@ class Store:
         return self._uncached(url, key, start, limits, open_source)
 
     def _try_open(self, url, key, start, limits, open_source):
-        row = self.db.execute("SELECT state, size, version, mtime_ns FROM entries WHERE key=?", (key,)).fetchone()
+        row = self.one("SELECT state, size, version, mtime_ns, checked FROM entries WHERE key=?", key)
         if row is not None and row[0] == "done":
             copy = self._hit(url, key, row, start, limits, open_source)
             if copy is not None:
@@ -143,7 +151,7 @@ class Store:
         if lock is None:  # someone downloads it: read along, from where the part has got to
             return self._follow(url, key, start, limits, open_source)
         try:
-            row = self.db.execute("SELECT state FROM entries WHERE key=?", (key,)).fetchone()
+            row = self.one("SELECT state FROM entries WHERE key=?", key)
             if row is not None and row[0] == "done" and os.path.exists(self.path(key, "data")):
                 release_lock(self.path(key, "lock"), lock)
                 return None  # it was completed in between: a hit on the next turn
@@ -155,8 +163,11 @@ class Store:
             release_lock(self.path(key, "lock"), lock)
             raise
 
-    def _hit(self, url, key, row, start, limits, open_source) -> LocalCopy | None:
-        _, size, version, mtime_ns = row
+    def _hit(self, url, key, row, start, limits, open_source, revalidate: bool = True) -> LocalCopy | None:
+        _, size, version, mtime_ns, checked = row
+        after = self.settings.check_after
+        now = time.time()
+        ask = revalidate and after is not None and (checked is None or now - checked >= after)
         try:
             fd = os.open(self.path(key, "data"), os.O_RDONLY)
         except FileNotFoundError:
@@ -173,7 +184,7 @@ class Store:
                        f"{size} expected); it is fetched again")
                 self._drop(key)
                 return None
-            if self.settings.revalidate and not self._same_at_source(url, size, version, limits):
+            if ask and not self._same_at_source(url, size, version, limits):
                 os.close(fd)
                 logger.info("shard cache: %r changed at its source; fetching it again", url)
                 self._drop(key)
@@ -182,13 +193,13 @@ class Store:
             os.close(fd)
             raise
         with self.transaction() as db:
-            db.execute("UPDATE entries SET used=? WHERE key=?", (time.time(), key))
+            db.execute("UPDATE entries SET used=?, checked=? WHERE key=?", (now, now if ask else checked, key))
             add(db, hits=1)
-        return LocalCopy(self, url, fd, start, size, limits, open_source)
+        return LocalCopy(self, url, fd, start, size, version, limits, open_source)
 
     def _same_at_source(self, url, size, version, limits) -> bool:
         try:
-            stamp = source_stamp(url, limits)
+            stamp = openers.source_stamp(url, limits)
         except Exception as exn:  # noqa: BLE001 - the source cannot say now: the copy is used
             logger.debug("shard cache: cannot ask the source of %r (%s); using the cached copy", url, exn)
             return True
@@ -199,6 +210,8 @@ class Store:
                                                            or now_version == version)
 
     def _follow(self, url, key, start, limits, open_source):
+        if own_download(key):  # its bytes come only as this thread reads them elsewhere: from the source
+            return self._uncached(url, key, start, limits, open_source)
         try:
             fd = os.open(self.path(key, "part"), os.O_RDONLY)
         except FileNotFoundError:  # not made yet, or already renamed: ask again
@@ -219,7 +232,7 @@ class Store:
         except BaseException:
             self.abandon(key, fd, lock)
             raise
-        size, version = stream_stamp(source, url)
+        size, version = openers.stream_stamp(source, url)
         with self.transaction() as db:
             seen = db.execute("SELECT used FROM entries WHERE key=? AND state='seen'", (key,)).fetchone()
             reserved = self.reserve(db, key, url, _blocks(size) if size is not None else 64 << 20,
@@ -239,7 +252,7 @@ class Store:
     def reserve(self, db, key: str, url: str, need: int, previous_use: float | None, held: int = 0) -> int:
         """Makes ``key`` a part of ``held + need`` bytes where the limit allows (evicting); 0 if not."""
         used = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM entries WHERE state IN ('part', 'done')"
-                          " AND key != ?", (key,)).fetchone()[0]
+                          " AND key != ?", (key,)).fetchone()[0] + self.ledger_bytes()
         total = held + need
         if used + total > self.settings.limit:
             used -= self._make_room(db, used + total - self.settings.limit, previous_use)
@@ -250,6 +263,13 @@ class Store:
         db.execute("INSERT OR REPLACE INTO entries (key, url, state, bytes, used) VALUES (?, ?, 'part', ?, ?)",
                    (key, url, total, time.time()))
         return total
+
+    def ledger_bytes(self) -> int:
+        """What the ledger takes: its file, and room for its write-ahead log."""
+        try:
+            return LEDGER_ROOM + _blocks(os.stat(os.path.join(self.dir, "ledger.sqlite")).st_size)
+        except FileNotFoundError:
+            return LEDGER_ROOM
 
     def _make_room(self, db, wanted: int, previous_use: float | None) -> int:
         freed = 0
@@ -305,14 +325,37 @@ class Store:
 
     def complete(self, key: str, fd: int, lock: int, size: int, version: str | None, crc: int) -> None:
         """Makes a finished part a complete entry: the ledger says so, then the part is renamed
-        (a reader that finds the entry before the rename reads the part along)."""
+        (a reader that finds the entry before the rename reads the part along).
+
+        Its bytes are then synced to the disk by a thread (~8 ms a file here, whatever its
+        size: the reader goes on meanwhile; the process waits for it at exit); until then
+        the ledger holds the boot they were written in, and a machine that went down before
+        the sync drops the entry when the cache is next opened (:meth:`clean`)."""
+        if BOOT is None:  # no boot to tell by: synced before the ledger calls it complete
+            os.fdatasync(fd)
         mtime_ns = os.fstat(fd).st_mtime_ns
+        now = time.time()
         with self.transaction() as db:
-            db.execute("UPDATE entries SET state='done', bytes=?, size=?, version=?, mtime_ns=?, crc=?, used=?"
-                       " WHERE key=?", (_blocks(size), size, version, mtime_ns, crc, time.time(), key))
+            db.execute("UPDATE entries SET state='done', bytes=?, size=?, version=?, mtime_ns=?, crc=?, used=?,"
+                       " checked=?, unsynced=? WHERE key=?",
+                       (_blocks(size), size, version, mtime_ns, crc, now, now, BOOT, key))
         os.rename(self.path(key, "part"), self.path(key, "data"))
-        os.close(fd)
         release_lock(self.path(key, "lock"), lock)
+        if BOOT is None:
+            os.close(fd)
+        else:
+            threading.Thread(target=self._sync, args=(key, fd, mtime_ns), name="wds-cache-sync").start()
+
+    def _sync(self, key: str, fd: int, mtime_ns: int) -> None:
+        """Syncs a complete entry's bytes to the disk, then says so in the ledger."""
+        try:
+            os.fdatasync(fd)
+            with self.transaction() as db:
+                db.execute("UPDATE entries SET unsynced=NULL WHERE key=? AND mtime_ns=?", (key, mtime_ns))
+        except (OSError, sqlite3.Error) as exn:  # it stays unsynced: dropped only if the machine goes down
+            logger.debug("shard cache: syncing %s: %s", key, exn)
+        finally:
+            os.close(fd)
 
     def count(self, **deltas: int) -> None:
         """Adds to the counters, this process's and the ledger's."""
@@ -330,15 +373,20 @@ class Store:
         self._drop(key_of(url))
 
     def clean(self) -> None:
-        """Removes what crashed downloads left (parts whose lock no one holds) and files the ledger lost."""
+        """Removes what crashed downloads left (parts whose lock no one holds), files the ledger
+        lost, and complete entries whose bytes were not synced before the machine went down."""
         with self.transaction() as db:
             known = {}
-            for key, state in db.execute("SELECT key, state FROM entries").fetchall():
+            for key, state, unsynced in db.execute("SELECT key, state, unsynced FROM entries").fetchall():
                 if state == "part" and not probe_alive(self.path(key, "lock")):
                     db.execute("DELETE FROM entries WHERE key=?", (key,))
                     continue
                 if state == "done" and not os.path.exists(self.path(key, "data")):
                     db.execute("DELETE FROM entries WHERE key=?", (key,))
+                    continue
+                if state == "done" and unsynced is not None and unsynced != BOOT:  # its file goes below
+                    logger.info("shard cache %s: dropping %s: the machine went down before its bytes were synced",
+                                self.dir, key)
                     continue
                 known[key] = state
             for name in os.listdir(self.dir):
@@ -371,6 +419,19 @@ class _Transaction:
             self.store.lock.release()
 
 
+def _until_unlocked(statement: Callable[[], object], patience: float = 120.0) -> None:
+    """Runs ``statement`` again while another connection holds the ledger locked (at most ``patience`` s)."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            statement()
+            return
+        except sqlite3.OperationalError as exn:
+            if ("locked" not in str(exn) and "busy" not in str(exn)) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _blocks(size: int) -> int:
     return -(-size // _BLOCK) * _BLOCK
 
@@ -386,7 +447,7 @@ def verify(store: Store, repair: bool = True) -> list[str]:
     """Checks every complete entry's size, mtime and CRC-32; returns what is wrong (and, with
     ``repair``, removes those entries)."""
     problems = []
-    rows = store.db.execute("SELECT key, url, size, mtime_ns, crc FROM entries WHERE state='done'").fetchall()
+    rows = store.rows("SELECT key, url, size, mtime_ns, crc FROM entries WHERE state='done'")
     for key, url, size, mtime_ns, crc in rows:
         try:
             with open(store.path(key, "data"), "rb") as f:

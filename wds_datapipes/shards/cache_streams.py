@@ -4,7 +4,8 @@
   the entry is complete only once the whole object has passed (a reader that stops early
   leaves the rest to a thread).
 - :class:`ReadAlong`: a part another process is downloading, read as it grows.
-- :class:`LocalCopy`: a complete entry, read by ``pread`` from any byte.
+- :class:`LocalCopy`: a complete entry, read by ``pread`` from any byte (also handed to
+  readers by member places, which ``pread`` it themselves).
 
 Each goes on from the source at the byte it reached where the cache fails under it (a
 short or failed read, a download that died): nothing lost, nothing read twice.
@@ -48,6 +49,14 @@ class CacheStats:
 
 
 STATS = CacheStats()  # this process's
+DOWNLOADS: dict[str, Download] = {}  # this process's downloads in progress, by key
+
+
+def own_download(key: str) -> bool:
+    """Whether the download of ``key`` is fed by this very thread: reading along it here would
+    wait for bytes only this thread's other reader can fetch (two lanes of one share in one shard)."""
+    download = DOWNLOADS.get(key)
+    return download is not None and download.owner == (os.getpid(), threading.get_ident())
 
 
 def add(db, **deltas: int) -> None:
@@ -141,11 +150,38 @@ class _CacheStream(io.RawIOBase):
 class LocalCopy(_CacheStream):
     """A complete entry, held with a shared ``flock`` (no eviction) until closed."""
 
-    def __init__(self, store, url: str, fd: int, start: int, size: int, limits: Limits, open_source: Callable):
+    def __init__(self, store, url: str, fd: int, start: int, size: int, version: str | None, limits: Limits,
+                 open_source: Callable):
         super().__init__(store, url, start, limits, open_source)
         self.fd: int | None = fd
-        self.size = size
+        self.size, self.version = size, version  # the source's, when it was downloaded
         self.headers = {"Content-Length": str(size)}  # stream_size reads it (no fileno: not the shard's file)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        """Up to ``size`` bytes at ``offset`` (fewer only at the end), as ``os.pread`` gives
+        them; from the source where the copy fails under the read."""
+        if self.fd is not None:
+            try:
+                data = os.pread(self.fd, size, offset)
+            except OSError as exn:
+                why = f"reading the cached copy failed ({type(exn).__name__}: {exn})"
+            else:
+                if len(data) == min(size, max(0, self.size - offset)):
+                    self.counts["disk_bytes"] += len(data)
+                    return data
+                why = f"the cached copy ends at byte {offset + len(data)} of {self.size}"
+                self.store.drop(self.url)
+            self.store.fault(f"{why}; {self.url!r} is read from its source")
+            self._drop_local()
+        if self.source is not None and self.pos != offset:  # not where the source stream is: open it there
+            self.source.close()
+            self.source = None
+        self.pos = offset
+        buffer = bytearray(size)
+        got = 0
+        while got < size and (n := self._from_source(memoryview(buffer)[got:], None)):
+            got += n
+        return bytes(buffer[:got])
 
     def readinto(self, buffer) -> int:
         if self.fd is None:
@@ -240,6 +276,8 @@ class Download(_CacheStream):
         self.key, self.source, self.fd, self.lock = key, source, fd, lock
         self.reserved, self.size, self.version, self.previous_use = reserved, size, version, previous_use
         self.crc, self.written, self.eof = 0, 0, False
+        self.owner: tuple[int, int] | None = (os.getpid(), threading.get_ident())  # the thread that reads it
+        DOWNLOADS[key] = self
 
     @property
     def headers(self):
@@ -287,6 +325,7 @@ class Download(_CacheStream):
         fd, self.fd = self.fd, None
         if fd is None:
             return
+        self._forget()
         if why:
             self.store.fault(f"{why}; {self.url!r} is read from its source, uncached")
         self.counts["uncached"] = 1
@@ -321,7 +360,12 @@ class Download(_CacheStream):
         while self.fd is not None and not self.eof and passed < most:
             passed += self.readinto(buffer)
 
+    def _forget(self) -> None:
+        if DOWNLOADS.get(self.key) is self:
+            del DOWNLOADS[self.key]
+
     def _finish_later(self) -> None:
+        self.owner = None  # fed by this thread now: anyone may read along
         try:
             self._drain(float("inf"))
             self.source.close()
@@ -345,3 +389,4 @@ class Download(_CacheStream):
             self._abandon(f"keeping the cached copy failed ({type(exn).__name__}: {exn})")
         else:
             self.fd = None
+            self._forget()

@@ -16,6 +16,7 @@ import os
 import select
 import signal
 import subprocess
+import urllib.request
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import BinaryIO
@@ -136,11 +137,12 @@ def open_shard(url: str, start: int = 0, limits: Limits | None = None) -> Binary
     """Open ``url`` for sequential binary reading from byte ``start``; failures raise
     :class:`ShardOpenError` (whatever the opener raised)."""
     if _layer is not None:
-        return _layer(url, start, limits, _open_source)
-    return _open_source(url, start, limits)
+        return _layer(url, start, limits, open_source)
+    return open_source(url, start, limits)
 
 
-def _open_source(url: str, start: int = 0, limits: Limits | None = None) -> BinaryIO:
+def open_source(url: str, start: int = 0, limits: Limits | None = None) -> BinaryIO:
+    """:func:`open_shard` by the opener of ``url``'s scheme alone (no stream layer: the source itself)."""
     opener = opener_for(url)
     options = {"limits": limits or get_limits()} if _takes(opener, "limits") else {}
     try:
@@ -178,13 +180,17 @@ def _skip(stream: BinaryIO, count: int, url: str) -> None:
 
 
 def stream_size(stream: BinaryIO) -> int | None:
-    """The whole object's size in bytes where the stream tells it (local files, HTTP), else None."""
+    """The whole object's size in bytes where the stream tells it (local files; HTTP headers;
+    a ``size`` attribute: aisio's streams, the shard cache's copies), else None."""
     fileno = getattr(stream, "fileno", None)
     if fileno is not None:
         try:
             return os.fstat(fileno()).st_size
         except (OSError, ValueError, AttributeError):
             pass
+    size = getattr(stream, "size", None)
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
     headers = getattr(stream, "headers", None)
     if headers is not None:
         whole = (headers.get("Content-Range") or "").rpartition("/")[2]
@@ -192,6 +198,53 @@ def stream_size(stream: BinaryIO) -> int | None:
         if length is not None and str(length).isdigit():
             return int(length)
     return None
+
+
+def stream_stamp(stream: BinaryIO, url: str) -> tuple[int | None, str | None]:
+    """(size, version) of an opened shard as it says them, each None where it does not: the
+    version is the stream's ``version`` (aisio's streams, the shard cache's copies), an HTTP
+    ETag or Last-Modified, or a local file's modification time (``"mtime_ns:<n>"``)."""
+    version = getattr(stream, "version", None)
+    headers = getattr(stream, "headers", None)
+    if version is None and headers is not None:
+        version = headers.get("ETag") or headers.get("Last-Modified")
+    if version is None and url_scheme(url) == "file":
+        try:
+            version = _stat_stamp(os.fstat(stream.fileno()))[1]
+        except (OSError, ValueError, AttributeError):
+            version = None
+    return stream_size(stream), version
+
+
+def source_stamp(url: str, limits: Limits) -> tuple[int | None, str | None] | None:
+    """(size, version) of the object at ``url`` as its source says now; None where it cannot tell.
+
+    An opener tells by a ``source_stamp(url, limits)`` attribute (``aisio`` has one); HTTP (a
+    HEAD request) and local files (a stat) are known here. The shard cache asks it whether
+    its copy is current."""
+    scheme = url_scheme(url)
+    opener = opener_for(url)
+    ask = getattr(opener, "source_stamp", None) or {"http": _http_stamp, "https": _http_stamp,
+                                                    "file": _file_stamp}.get(scheme)
+    return ask(url, limits) if ask is not None else None
+
+
+def _http_stamp(url: str, limits: Limits) -> tuple[int | None, str | None]:
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=limits.http_timeout or None) as r:
+        return _stamp_of_headers(r.headers)
+
+
+def _stamp_of_headers(headers) -> tuple[int | None, str | None]:
+    length = headers.get("Content-Length")
+    return (int(length) if length and length.isdigit() else None), headers.get("ETag") or headers.get("Last-Modified")
+
+
+def _file_stamp(url: str, limits: Limits) -> tuple[int, str]:
+    return _stat_stamp(os.stat(local_path(url)))
+
+
+def _stat_stamp(info: os.stat_result) -> tuple[int, str]:
+    return info.st_size, f"mtime_ns:{info.st_mtime_ns}"
 
 
 def local_path(url: str) -> str:
