@@ -18,7 +18,6 @@ from wds_datapipes.epochs import placed_reads, reading
 from wds_datapipes.shards.cache import cached_copy
 from wds_datapipes.shards.cache_store import key_of
 
-
 pytestmark = pytest.mark.usefixtures("no_cache_left_on")
 
 
