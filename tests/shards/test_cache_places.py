@@ -182,3 +182,37 @@ def test_no_copy_is_handed_out_where_the_cache_is_off_or_holds_none(remote, tmp_
     wd.set_cache(tmp_path / "cache", "1GB")
     assert cached_copy(urls[0]) is None
     assert not list((tmp_path / "cache").glob("*.data"))  # asking downloads nothing
+
+
+def test_places_are_stamped_with_the_version_of_the_bytes_read_and_not_taken_where_none_is_known(
+        tmp_path, sized_shards, remote):
+    index_path = remote[3]
+    spec = (Path(index_path).parent / "index.places.json").read_text()
+    assert '"format": 3' in spec  # remote versions: a format 2 reader would not know them
+    local = sized_shards([12], prefix="l", folder=tmp_path / "nfs")
+    wd.set_cache(tmp_path / "cache", "1GB", local="all", revalidate=False)
+    list(wd.ShardLister(local).load_tar())  # cached, as it was
+    _wait_for_copies(tmp_path / "cache", local)
+    cached_mtime = os.stat(local[0]).st_mtime_ns
+    os.utime(local[0], ns=(cached_mtime + 10**9, cached_mtime + 10**9))  # changed since: the copy is not asked
+    scans = wd.build_index([local[0], f"pipe:cat {local[0]}"], places=True)
+    assert scans[0].places.version == cached_mtime  # the bytes the places were taken from: the copy's
+    assert scans[1].places.names is None  # a pipe: command's output has no version: no places
+    pipe_copy = cached_copy(f"pipe:cat {local[0]}")
+    assert pipe_copy is not None  # it was cached all the same, as it was read
+    pipe_copy.close()
+
+
+def test_a_failing_copy_never_splices_in_a_changed_source(remote, tmp_path, sized_shards):
+    _server, urls, paths, _index = remote
+    wd.set_cache(tmp_path / "cache", "1GB")
+    list(wd.ShardLister([urls[0]]).load_tar())
+    copy = cached_copy(urls[0])
+    try:
+        time.sleep(0.01)
+        Path(paths[0]).touch()  # the source changed (another ETag) while this copy is held
+        os.truncate(tmp_path / "cache" / f"{key_of(urls[0])}.data", 1024)
+        with pytest.raises(wd.ShardReadError, match="has changed since it was cached"):
+            copy.pread(4096, 512)
+    finally:
+        copy.close()

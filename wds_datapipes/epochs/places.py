@@ -16,7 +16,8 @@ is read by its places from its complete copy in the shard cache
 one. Compressed shards, sparse members and shards whose size their source does not tell
 (``pipe:``) have no places and are always read through their headers.
 
-Files, beside the index's JSON (named in its ``"wds_datapipes"`` entry), format 2:
+Files, beside the index's JSON (named in its ``"wds_datapipes"`` entry), format 2 (3 where
+a shard's stamp is a remote object's version, which format 2 readers could not check):
 
 - ``<stem>.places.json``: per shard, its member count, size and ``mtime_ns`` (a local
   file) or ``version`` (a remote object; null where its source gave none), or null; and
@@ -47,11 +48,12 @@ import numpy as np
 
 from ..errors import IndexMismatchError, WdsError
 from ..shards.grouping import split_key
-from ..shards.openers import local_path, stream_stamp, url_scheme
+from ..shards.openers import stream_stamp, url_scheme
 
 ROW = np.dtype([("data", "<u8"), ("size", "<u8"), ("sample", "<u4"), ("suffix", "<u4"), ("key", "<u8")])
 ROW_1 = np.dtype([("data", "<u8"), ("size", "<u8"), ("sample", "<u4"), ("name", "<u8")])  # format 1, read only
-FORMAT = 2  # written; 1 and 2 are read
+FORMAT = 2  # written where every stamp is a local file's; 1, 2 and 3 are read
+FORMAT_REMOTE = 3  # written where a stamp is a remote object's version (format 2 readers could not tell it)
 _SAMPLE_KEYS = ("__key__", "__url__")  # what group_members puts in a sample before its fields
 
 
@@ -83,20 +85,21 @@ class ShardPlaces:
         return cls(list(entry["names"]), filesize=int(entry["filesize"]), version=_version_of(entry), **arrays)
 
 
-def shard_stamp(stream, url: str) -> tuple[int, int | str | None] | None:
+def shard_stamp(stream, url: str) -> tuple[int, int | str] | None:
     """The stamp of an opened shard, taken before its headers are read (so a later change is
-    seen): (size, mtime_ns) of a local file, (size, version) of a remote object as its
-    stream says them; None where the size is not known."""
+    seen): (size, mtime_ns) of a local file, (size, version) of a remote object, as the
+    stream says them (a copy in the shard cache says its source's); None where either is
+    not known (a ``pipe:`` command's output, a server that sends no ETag): places that
+    nothing could check are not taken."""
     if url_scheme(url) == "file":
         try:
             return stat_stamp(os.fstat(stream.fileno()))
-        except (AttributeError, OSError, ValueError):  # read through the shard cache: the file itself
-            try:
-                return stat_stamp(os.stat(local_path(url)))
-            except OSError:
-                return None
+        except (AttributeError, OSError, ValueError):  # a cached copy: the file it was made from
+            size, version = stream_stamp(stream, url)
+            mtime = (version or "").removeprefix("mtime_ns:")
+            return (size, int(mtime)) if size is not None and mtime.isdigit() else None
     size, version = stream_stamp(stream, url)
-    return None if size is None else (size, version)
+    return None if size is None or version is None else (size, version)
 
 
 def places_of_members(url: str, members: Sequence[tuple[str, int | None, int]],
@@ -212,14 +215,14 @@ class MemberPlaces:
 
     def files(self, stem: str) -> tuple[dict, dict[str, bytes]]:
         """The index's JSON entry for the places, and {file name: bytes} of the files it names
-        (format 2, whichever format they were loaded from)."""
+        (format 2 or 3, whichever format they were loaded from)."""
         if self.suffixes is None:
             return MemberPlaces.from_shards([self.shard_places(i) for i in range(len(self.shards))]).files(stem)
         entry = {"shards": f"{stem}.places.json", "rows": f"{stem}.places", "keys": f"{stem}.keys"}
         shards = [None if s is None else {"members": s[0], "filesize": s[1], **_version_json(s[2])}
                   for s in self.shards]
         return entry, {
-            entry["shards"]: json.dumps({"format": FORMAT, "shards": shards, "suffixes": self.suffixes}).encode(),
+            entry["shards"]: json.dumps({"format": self.format, "shards": shards, "suffixes": self.suffixes}).encode(),
             entry["rows"]: np.ascontiguousarray(self.rows, dtype=ROW).tobytes(),
             entry["keys"]: bytes(self.text),
         }
@@ -231,7 +234,7 @@ class MemberPlaces:
         try:
             with open(os.path.join(folder, entry["shards"]), "rb") as meta:
                 spec = json.load(meta)
-            if spec.get("format") not in (1, 2):
+            if spec.get("format") not in (1, 2, 3):
                 raise WdsError(f"index {index_location!r}: unknown member places format {spec.get('format')!r}")
             shards = [None if s is None else (int(s["members"]), int(s["filesize"]), _version_of(s))
                       for s in spec["shards"]]
@@ -264,7 +267,9 @@ class MemberPlaces:
     @property
     def format(self) -> int:
         """The format of the files these places were loaded from (or would be written in)."""
-        return 1 if self.suffixes is None else FORMAT
+        if self.suffixes is None:
+            return 1
+        return FORMAT_REMOTE if any(s is not None and isinstance(s[2], str) for s in self.shards) else FORMAT
 
     def has(self, shard: int) -> bool:
         return self.shards[shard] is not None

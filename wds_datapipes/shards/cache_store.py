@@ -184,7 +184,8 @@ class Store:
                        f"{size} expected); it is fetched again")
                 self._drop(key)
                 return None
-            if ask and not self._same_at_source(url, size, version, limits):
+            same = self._same_at_source(url, size, version, limits) if ask else None
+            if same is False:
                 os.close(fd)
                 logger.info("shard cache: %r changed at its source; fetching it again", url)
                 self._drop(key)
@@ -193,18 +194,19 @@ class Store:
             os.close(fd)
             raise
         with self.transaction() as db:
-            db.execute("UPDATE entries SET used=?, checked=? WHERE key=?", (now, now if ask else checked, key))
+            db.execute("UPDATE entries SET used=?, checked=? WHERE key=?", (now, now if same else checked, key))
             add(db, hits=1)
         return LocalCopy(self, url, fd, start, size, version, limits, open_source)
 
-    def _same_at_source(self, url, size, version, limits) -> bool:
+    def _same_at_source(self, url, size, version, limits) -> bool | None:
+        """Whether the source still has the object as cached; None where it cannot say (the copy is used)."""
         try:
             stamp = openers.source_stamp(url, limits)
         except Exception as exn:  # noqa: BLE001 - the source cannot say now: the copy is used
             logger.debug("shard cache: cannot ask the source of %r (%s); using the cached copy", url, exn)
-            return True
+            return None
         if stamp is None:
-            return True
+            return None
         now_size, now_version = stamp
         return (now_size is None or now_size == size) and (now_version is None or version is None
                                                            or now_version == version)
@@ -222,7 +224,8 @@ class Store:
             os.close(fd)
             return self._uncached(url, key, start, limits, open_source)
         self.count(read_along=1)
-        return ReadAlong(self, url, key, fd, start, limits, open_source)
+        row = self.one("SELECT size, version FROM entries WHERE key=? AND state='part'", key) or (None, None)
+        return ReadAlong(self, url, key, fd, start, limits, open_source, *row)
 
     def _download(self, url, key, lock, limits, open_source) -> io.RawIOBase:
         part = self.path(key, "part")
@@ -237,6 +240,8 @@ class Store:
             seen = db.execute("SELECT used FROM entries WHERE key=? AND state='seen'", (key,)).fetchone()
             reserved = self.reserve(db, key, url, _blocks(size) if size is not None else 64 << 20,
                                     seen[0] if seen else None)
+            if reserved:  # what readers along it report of the object
+                db.execute("UPDATE entries SET size=?, version=? WHERE key=?", (size, version, key))
             add(db, misses=1, uncached=0 if reserved else 1)
         if not reserved:
             self.abandon(key, fd, lock, seen=True)
@@ -343,8 +348,11 @@ class Store:
         release_lock(self.path(key, "lock"), lock)
         if BOOT is None:
             os.close(fd)
-        else:
+            return
+        try:
             threading.Thread(target=self._sync, args=(key, fd, mtime_ns), name="wds-cache-sync").start()
+        except RuntimeError:  # no thread to be had: synced here
+            self._sync(key, fd, mtime_ns)
 
     def _sync(self, key: str, fd: int, mtime_ns: int) -> None:
         """Syncs a complete entry's bytes to the disk, then says so in the ledger."""

@@ -13,6 +13,7 @@ short or failed read, a download that died): nothing lost, nothing read twice.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import logging
@@ -23,7 +24,9 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import ShardReadError
 from ..limits import Limits
+from . import openers
 
 logger = logging.getLogger("wds_datapipes")
 
@@ -112,6 +115,9 @@ def probe_alive(path: str) -> bool:
 class _CacheStream(io.RawIOBase):
     """What the three share: a position, a fall back to the source from it, counters at close."""
 
+    size: int | None = None  # the whole object's, where known: the source is checked to still be it
+    version: str | None = None
+
     def __init__(self, store, url: str, start: int, limits: Limits, open_source: Callable):
         super().__init__()
         self.store, self.url, self.pos, self.limits, self.open_source = store, url, start, limits, open_source
@@ -126,11 +132,23 @@ class _CacheStream(io.RawIOBase):
             if why:
                 self.store.fault(f"{why}; {self.url!r} goes on from its source at byte {self.pos}")
             self._drop_local()
-            self.source = self.open_source(self.url, self.pos, self.limits)
+            self.source = self._same_source(self.open_source(self.url, self.pos, self.limits))
         n = self.source.readinto(buffer) or 0
         self.pos += n
         self.counts["source_bytes"] += n
         return n
+
+    def _same_source(self, source):
+        """``source``, checked to be the object whose first bytes this reader had from the cache
+        (its size and version, where both sides tell them): never a changed object's rest."""
+        size, version = openers.stream_stamp(source, self.url)
+        if (None not in (size, self.size) and size != self.size) or \
+                (None not in (version, self.version) and version != self.version):
+            source.close()
+            raise ShardReadError(self.url, None, self.pos, f"its cached copy failed under the read and the source "
+                                 f"has changed since it was cached ({size} bytes, version {version!r}; "
+                                 f"{self.size} bytes, version {self.version!r} cached)")
+        return source
 
     def _drop_local(self) -> None:
         pass
@@ -170,9 +188,9 @@ class LocalCopy(_CacheStream):
                     self.counts["disk_bytes"] += len(data)
                     return data
                 why = f"the cached copy ends at byte {offset + len(data)} of {self.size}"
-                self.store.drop(self.url)
+            self._drop_local()  # its shared lock released first, or the entry could not be evicted
+            self.store.drop(self.url)
             self.store.fault(f"{why}; {self.url!r} is read from its source")
-            self._drop_local()
         if self.source is not None and self.pos != offset:  # not where the source stream is: open it there
             self.source.close()
             self.source = None
@@ -195,6 +213,7 @@ class LocalCopy(_CacheStream):
         except OSError as exn:
             return self._from_source(buffer, f"reading the cached copy failed ({type(exn).__name__}: {exn})")
         if n == 0:
+            self._drop_local()  # its shared lock released first, or the entry could not be evicted
             self.store.drop(self.url)
             return self._from_source(buffer, f"the cached copy ends at byte {self.pos} of {self.size}")
         self.pos += n
@@ -220,9 +239,11 @@ class LocalCopy(_CacheStream):
 class ReadAlong(_CacheStream):
     """A part another process is downloading, read as it grows; from the source if that one dies."""
 
-    def __init__(self, store, url: str, key: str, fd: int, start: int, limits: Limits, open_source: Callable):
+    def __init__(self, store, url: str, key: str, fd: int, start: int, limits: Limits, open_source: Callable,
+                 size: int | None = None, version: str | None = None):
         super().__init__(store, url, start, limits, open_source)
         self.key, self.fd = key, fd
+        self.size, self.version = size, version  # the object's, as its downloader's source said them
         self.patience = max(60.0, 2 * (limits.http_timeout or 60.0))  # a download writing nothing this long died
 
     def readinto(self, buffer) -> int:
@@ -337,16 +358,18 @@ class Download(_CacheStream):
     def close(self) -> None:
         if self.closed:
             return
-        if self.fd is not None and not self.eof:
-            self._drain(_DRAIN_NOW)
-            if not self.eof and self.fd is not None:  # the rest by a thread: the reader goes on now
-                threading.Thread(target=self._finish_later, name="wds-cache-drain", daemon=True).start()
-                io.RawIOBase.close(self)
-                return
         try:
+            if self.fd is not None and not self.eof:
+                self._drain(_DRAIN_NOW)
+                if not self.eof and self.fd is not None:  # the rest by a thread: the reader goes on now
+                    threading.Thread(target=self._finish_later, name="wds-cache-drain", daemon=True).start()
+                    io.RawIOBase.close(self)
+                    return
             self.source.close()  # a pipe: command's exit status is checked here
         except BaseException:
             self._abandon(None)
+            with contextlib.suppress(Exception):
+                self.source.close()
             io.RawIOBase.close(self)
             self.store.count(**self.counts)
             raise
