@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("--no-offsets", action="store_true", help="write no offsets file")
     index.add_argument("--places", action="store_true",
                        help="also record where each member's bytes lie in its shard (uncompressed shards whose "
-                       "size is known): ExactEpochs then reads them without parsing tar headers, ~2x faster raw "
+                       "size and version are known): ExactEpochs then reads them without parsing tar headers, ~2x faster raw "
                        "(a remote shard once the shard cache holds it)")
     index.add_argument("--restart", action="store_true", help="ignore the progress of an interrupted run")
     index.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -163,7 +163,7 @@ def _places_summary(index: ShardIndex, asked: bool) -> str:
     if not asked:
         return ""
     placed = 0 if index.places is None else sum(index.places.has(i) for i in range(len(index)))
-    return f", member places for {placed} of {len(index)} shards (uncompressed, of a known size)"
+    return f", member places for {placed} of {len(index)} shards (uncompressed, of a known size and version)"
 
 
 def _scan_to_json(scan: ShardScan) -> dict:

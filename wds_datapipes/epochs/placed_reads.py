@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import IndexMismatchError, ShardFormatError, ShardOpenError, shard_error
 from ..limits import Limits
 from ..shards.cache import cached_copy, keeps
-from ..shards.openers import ShardUrl, local_path, plain_url, url_scheme
+from ..shards.openers import ShardUrl, file_version, local_path, plain_url, url_scheme
 from .places import MemberPlaces, SpanPlaces, stat_stamp
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def open_usable(places: MemberPlaces, shard: int, url: str, filesize: int | None
         if not keeps(url):
             return LocalShard(open_placed(local_path(url), ShardUrl.opened(url), stamp), stamp[0])
         copy = cached_copy(url, limits, revalidate=False)  # the file was just asked, by its stamp
-        if copy is not None and (copy.size, copy.version) != (stamp[0], f"mtime_ns:{stamp[1]}"):
+        if copy is not None and (copy.size, copy.version) != (stamp[0], file_version(stamp[1])):
             copy.close()
             return None
         return copy

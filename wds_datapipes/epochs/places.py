@@ -13,8 +13,9 @@ A shard whose size differs is an :class:`IndexMismatchError` (as without places)
 whose version differs is read through its headers again, with a warning. A remote shard
 is read by its places from its complete copy in the shard cache
 (:func:`~wds_datapipes.shards.cache.cached_copy`), and through its headers until there is
-one. Compressed shards, sparse members and shards whose size their source does not tell
-(``pipe:``) have no places and are always read through their headers.
+one. Compressed shards, sparse members and shards whose size or version their source does
+not tell (``pipe:``, servers without ETag) have no places and are always read through their
+headers.
 
 Files, beside the index's JSON (named in its ``"wds_datapipes"`` entry), format 2 (3 where
 a shard's stamp is a remote object's version, which format 2 readers could not check):
@@ -48,7 +49,7 @@ import numpy as np
 
 from ..errors import IndexMismatchError, WdsError
 from ..shards.grouping import split_key
-from ..shards.openers import stream_stamp, url_scheme
+from ..shards.openers import file_mtime, stream_stamp, url_scheme
 
 ROW = np.dtype([("data", "<u8"), ("size", "<u8"), ("sample", "<u4"), ("suffix", "<u4"), ("key", "<u8")])
 ROW_1 = np.dtype([("data", "<u8"), ("size", "<u8"), ("sample", "<u4"), ("name", "<u8")])  # format 1, read only
@@ -96,8 +97,8 @@ def shard_stamp(stream, url: str) -> tuple[int, int | str] | None:
             return stat_stamp(os.fstat(stream.fileno()))
         except (AttributeError, OSError, ValueError):  # a cached copy: the file it was made from
             size, version = stream_stamp(stream, url)
-            mtime = (version or "").removeprefix("mtime_ns:")
-            return (size, int(mtime)) if size is not None and mtime.isdigit() else None
+            mtime = file_mtime(version)
+            return None if size is None or mtime is None else (size, mtime)
     size, version = stream_stamp(stream, url)
     return None if size is None or version is None else (size, version)
 

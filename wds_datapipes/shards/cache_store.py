@@ -118,14 +118,16 @@ class Store:
 
     # -- opening
 
-    def held(self, url: str, limits: Limits, open_source: Callable, revalidate: bool = True) -> LocalCopy | None:
-        """The complete copy of ``url``, checked as an opening's is (``revalidate=False``: not
-        against its source) and held against eviction until closed; None where there is none."""
+    def held(self, url: str, limits: Limits, open_source: Callable, revalidate: bool = True,
+             start: int = 0) -> LocalCopy | None:
+        """The complete copy of ``url`` from byte ``start``, checked against the ledger and
+        (unless not ``revalidate``) its source, held against eviction until closed; None where
+        there is none."""
         key = key_of(url)
         row = self.one("SELECT state, size, version, mtime_ns, checked FROM entries WHERE key=?", key)
         if row is None or row[0] != "done":
             return None
-        return self._hit(url, key, row, 0, limits, open_source, revalidate)
+        return self._hit(url, key, row, start, limits, open_source, revalidate)
 
     def open(self, url: str, start: int, limits: Limits, open_source: Callable) -> io.RawIOBase:
         key = key_of(url)
@@ -142,11 +144,9 @@ class Store:
         return self._uncached(url, key, start, limits, open_source)
 
     def _try_open(self, url, key, start, limits, open_source):
-        row = self.one("SELECT state, size, version, mtime_ns, checked FROM entries WHERE key=?", key)
-        if row is not None and row[0] == "done":
-            copy = self._hit(url, key, row, start, limits, open_source)
-            if copy is not None:
-                return copy
+        copy = self.held(url, limits, open_source, start=start)
+        if copy is not None:
+            return copy
         lock = try_lock(self.path(key, "lock"))
         if lock is None:  # someone downloads it: read along, from where the part has got to
             return self._follow(url, key, start, limits, open_source)

@@ -192,12 +192,16 @@ def stream_size(stream: BinaryIO) -> int | None:
     if isinstance(size, int) and not isinstance(size, bool):
         return size
     headers = getattr(stream, "headers", None)
-    if headers is not None:
-        whole = (headers.get("Content-Range") or "").rpartition("/")[2]
-        length = whole if whole.isdigit() else headers.get("Content-Length")
-        if length is not None and str(length).isdigit():
-            return int(length)
-    return None
+    return None if headers is None else _headers_stamp(headers)[0]
+
+
+def _headers_stamp(headers) -> tuple[int | None, str | None]:
+    """(size, version) as HTTP headers say them: the whole object's size (a Content-Range's
+    total, else the Content-Length), its ETag or Last-Modified."""
+    whole = (headers.get("Content-Range") or "").rpartition("/")[2]
+    length = whole if whole.isdigit() else headers.get("Content-Length")
+    size = int(length) if length is not None and str(length).isdigit() else None
+    return size, headers.get("ETag") or headers.get("Last-Modified")
 
 
 def stream_stamp(stream: BinaryIO, url: str) -> tuple[int | None, str | None]:
@@ -207,10 +211,10 @@ def stream_stamp(stream: BinaryIO, url: str) -> tuple[int | None, str | None]:
     version = getattr(stream, "version", None)
     headers = getattr(stream, "headers", None)
     if version is None and headers is not None:
-        version = headers.get("ETag") or headers.get("Last-Modified")
+        version = _headers_stamp(headers)[1]
     if version is None and url_scheme(url) == "file":
         try:
-            version = _stat_stamp(os.fstat(stream.fileno()))[1]
+            version = file_version(os.fstat(stream.fileno()).st_mtime_ns)
         except (OSError, ValueError, AttributeError):
             version = None
     return stream_size(stream), version
@@ -231,20 +235,23 @@ def source_stamp(url: str, limits: Limits) -> tuple[int | None, str | None] | No
 
 def _http_stamp(url: str, limits: Limits) -> tuple[int | None, str | None]:
     with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=limits.http_timeout or None) as r:
-        return _stamp_of_headers(r.headers)
-
-
-def _stamp_of_headers(headers) -> tuple[int | None, str | None]:
-    length = headers.get("Content-Length")
-    return (int(length) if length and length.isdigit() else None), headers.get("ETag") or headers.get("Last-Modified")
+        return _headers_stamp(r.headers)
 
 
 def _file_stamp(url: str, limits: Limits) -> tuple[int, str]:
-    return _stat_stamp(os.stat(local_path(url)))
+    info = os.stat(local_path(url))
+    return info.st_size, file_version(info.st_mtime_ns)
 
 
-def _stat_stamp(info: os.stat_result) -> tuple[int, str]:
-    return info.st_size, f"mtime_ns:{info.st_mtime_ns}"
+def file_version(mtime_ns: int) -> str:
+    """A local file's version, as stamps of streams and sources say it: its modification time."""
+    return f"mtime_ns:{mtime_ns}"
+
+
+def file_mtime(version: str | None) -> int | None:
+    """The modification time a :func:`file_version` says; None for any other version."""
+    text = (version or "").removeprefix("mtime_ns:")
+    return int(text) if version and text != version and text.isdigit() else None
 
 
 def local_path(url: str) -> str:
