@@ -24,9 +24,9 @@ the same speed (``tests/decoding/test_vision.py``, ``make bench``).
 from __future__ import annotations
 
 import functools
-import io
 import math
 import random
+import types
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -34,14 +34,7 @@ import numpy as np
 import PIL.Image
 import torch
 
-from .images import check_image_pixels
-
-try:
-    import torchvision
-    from torchvision.io import ImageReadMode
-    from torchvision.transforms.v2 import functional as tvf
-except ImportError:  # Pillow is the fallback
-    torchvision = None
+from .images import check_image_pixels, open_image
 
 __all__ = ["CenterCrop", "Crop", "RandomResizedCrop", "decode_crops_on", "decode_transform_into", "tensor_decoders"]
 
@@ -49,22 +42,52 @@ TORCHVISION_DEPRECATES_DECODING = (0, 29)  # torchvision.io's decoders warn from
 
 
 @functools.cache
-def tensor_decoders() -> dict[str, object] | None:
-    """``{"JPEG": fn, "PNG": fn}``, each ``fn(uint8 tensor of the encoded bytes) -> uint8 3xHxW``
-    (RGB): TorchCodec's where torchvision deprecates its own and TorchCodec imports, else
-    torchvision's; None without torchvision (Pillow decodes then)."""
-    if torchvision is None:
+def torchvision_parts() -> types.SimpleNamespace | None:
+    """torchvision's ``io`` and ``transforms.v2.functional`` (as ``.io``, ``.functional``,
+    ``.version``), imported when a crop first needs them; None without torchvision (Pillow
+    decodes and resizes then). Not at ``import wds_datapipes``: torchvision takes ~2 s to
+    import (its models, torch._dynamo), which pipelines that never crop should not pay in
+    every worker process."""
+    try:
+        import torchvision
+        import torchvision.io
+        from torchvision.transforms.v2 import functional
+    except ImportError:
         return None
-    release = tuple(int(part) for part in torchvision.__version__.split("+")[0].split(".")[:2])
-    if release >= TORCHVISION_DEPRECATES_DECODING:
+    version = tuple(int(part) for part in torchvision.__version__.split("+")[0].split(".")[:2])
+    return types.SimpleNamespace(io=torchvision.io, functional=functional, version=version)
+
+
+def tensor_decoders() -> dict[str, object] | None:
+    """``{"JPEG": fn, "PNG": fn}``, each ``fn(uint8 tensor of the encoded bytes) -> 3xHxW``
+    (RGB; uint16 for a 16-bit PNG): TorchCodec's where torchvision deprecates its own and
+    TorchCodec imports, else torchvision's; None without torchvision (Pillow decodes then)."""
+    return None if torchvision_parts() is None else _tensor_decoders()
+
+
+@functools.cache
+def _tensor_decoders() -> dict[str, object]:
+    parts = torchvision_parts()
+    if parts.version >= TORCHVISION_DEPRECATES_DECODING:
         try:
             from torchcodec.decoders import decode_jpeg, decode_png
         except (ImportError, OSError, RuntimeError):  # not installed, or its libraries do not load
             pass
         else:
             return {"JPEG": functools.partial(decode_jpeg, mode="RGB"), "PNG": functools.partial(decode_png, mode="RGB")}
-    return {"JPEG": functools.partial(torchvision.io.decode_jpeg, mode=ImageReadMode.RGB),
-            "PNG": functools.partial(torchvision.io.decode_png, mode=ImageReadMode.RGB)}
+    rgb = parts.io.ImageReadMode.RGB
+    return {"JPEG": functools.partial(parts.io.decode_jpeg, mode=rgb),
+            "PNG": functools.partial(parts.io.decode_png, mode=rgb)}
+
+
+def as_eight_bits(image: torch.Tensor) -> torch.Tensor:
+    """A decoded image as uint8: a 16-bit one (uint16, from a 16-bit PNG) by each value's high
+    byte, ``v >> 8``, as :func:`~wds_datapipes.decoding.images.eight_bits` does for Pillow's."""
+    if image.dtype == torch.uint8:
+        return image
+    if image.dtype != torch.uint16:
+        raise ValueError(f"the decoder gave {image.dtype} pixels; uint8 or uint16 expected")
+    return (image.to(torch.int32) >> 8).to(torch.uint8)
 
 
 @dataclass(frozen=True)
@@ -145,6 +168,7 @@ class RandomResizedCrop:
 
 def apply_crop(image: torch.Tensor, crop: Crop) -> torch.Tensor:
     """``crop`` applied to a uint8 CxHxW tensor with torchvision's functions (antialiased resize)."""
+    tvf = torchvision_parts().functional
     if crop.resized is not None:
         image = tvf.resize(image, list(crop.resized), antialias=True)
     top, left, h, w = crop.box
@@ -154,24 +178,27 @@ def apply_crop(image: torch.Tensor, crop: Crop) -> torch.Tensor:
     return tvf.horizontal_flip(image) if crop.flip else image
 
 
+def _tensor_decodable(data: bytes, formats: tuple[str, ...]) -> bool:
+    """Whether the tensor decoders read ``data`` to the reference pixels (Pillow's, 16-bit
+    reduced by the high byte): PNG, and JPEG."""
+    return formats in (("JPEG",), ("PNG",))
+
+
 def decode_transform_into(data: bytes, formats: tuple[str, ...], transform, key: str, epoch: int,
                           row: torch.Tensor, max_pixels: int) -> None:
     """Decodes image bytes (as one of ``formats``), transforms them, writes them into ``row``
     (3xSxS uint8); an image of more than ``max_pixels`` is refused from its header."""
     check_image_pixels(data, formats, max_pixels)
     decoders = tensor_decoders()
-    if decoders is not None and formats in (("JPEG",), ("PNG",)):
+    if decoders is not None and _tensor_decodable(data, formats):
         writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
         encoded = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)  # torch warns on read-only
-        image = decoders[formats[0]](encoded)
+        image = as_eight_bits(decoders[formats[0]](encoded))
         row.copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
         return
-    with io.BytesIO(data) as stream:
-        picture = PIL.Image.open(stream, formats=formats)
-        picture.load()
-    picture = picture.convert("RGB")
+    picture = open_image(data, formats, max_pixels).convert("RGB")
     crop = transform.crop(picture.height, picture.width, key, epoch)
-    if torchvision is not None:
+    if torchvision_parts() is not None:
         image = torch.from_numpy(np.array(picture)).permute(2, 0, 1)  # a writable copy, as torch wants
         row.copy_(apply_crop(image, crop))
         return
