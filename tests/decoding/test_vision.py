@@ -253,3 +253,43 @@ def test_crops_decoded_on_the_gpu_are_close_to_the_cpus():
     for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
         assert gpu["jpg"].device.type == "cuda"
         assert (gpu["jpg"].cpu().int() - cpu["jpg"].int()).abs().float().mean() < 2  # nvJPEG's IDCT differs slightly
+
+
+def _cropped_reference(data: bytes) -> torch.Tensor:
+    """Oracle: torchvision's Resize(80) + CenterCrop(64) of Pillow's convert('RGB') of the image."""
+    from image_files import reference_rgb
+
+    image = torch.from_numpy(np.array(reference_rgb(data))).permute(2, 0, 1)
+    return T.Compose([T.Resize(80, antialias=True), T.CenterCrop(64)])(image)
+
+
+@pytest.mark.parametrize(("device", "threads"), [(None, 0), (None, 2), ("cpu", 0)])
+def test_a_batch_of_images_under_different_suffixes_is_one_tensor_of_crops(device, threads):
+    """Oracle: torchvision's transform of Pillow's decoded image, each image alone."""
+    photos = [("png", _photo(1, 300, 200, "PNG")), ("jpeg", _photo(2, 240, 320)), ("gif", _photo(3, 200, 260, "GIF")),
+              ("jpeg", _photo(4, 333, 333))]
+    samples = [{"__key__": f"k{i}", "__url__": "m.tar", suffix: data, "cls": str(i).encode()}
+               for i, (suffix, data) in enumerate(photos)]
+    (batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=4, transform=CenterCrop(64, 80),
+                                                       num_threads=threads, device=device)
+    assert sorted(batch) == ["__key__", "__url__", "cls", "png"]  # under the first sample's suffix
+    assert batch["png"].shape == (4, 3, 64, 64) and batch["__key__"] == ["k0", "k1", "k2", "k3"]
+    for crop, (_, data) in zip(batch["png"], photos, strict=True):
+        assert torch.equal(crop, _cropped_reference(data))
+    images, labels = next(iter(IterableWrapper([batch]).to_tuple("jpg;png;jpeg;gif", "cls")))
+    assert images.shape == (4, 3, 64, 64) and labels.tolist() == [0, 1, 2, 3]
+
+
+def test_an_image_or_field_only_some_samples_have_comes_out_as_a_list_with_none():
+    """Oracle: torchvision's transform of Pillow's decoded image, each image alone."""
+    samples = [{"__key__": f"k{i}", "__url__": "m.tar", "jpg": _photo(i, 200, 240), "cls": str(i).encode()}
+               for i in range(3)]
+    samples[1]["seg.png"] = _photo(9, 300, 200, "PNG")
+    samples[2]["txt"] = b"hello"
+    (batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=3, transform=CenterCrop(64, 80))
+    assert batch["jpg"].shape == (3, 3, 64, 64)
+    for crop, sample in zip(batch["jpg"], samples, strict=True):
+        assert torch.equal(crop, _cropped_reference(sample["jpg"]))
+    assert batch["seg.png"][0] is None and batch["seg.png"][2] is None
+    assert torch.equal(batch["seg.png"][1], _cropped_reference(samples[1]["seg.png"]))
+    assert batch["txt"] == [None, None, "hello"] and batch["cls"].tolist() == [0, 1, 2]

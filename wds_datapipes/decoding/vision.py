@@ -205,35 +205,34 @@ def decode_transform_into(data: bytes, formats: tuple[str, ...], transform, key:
     row.copy_(torch.from_numpy(np.array(_pillow_crop(picture, crop))).permute(2, 0, 1))
 
 
-def decode_crops_on(device: torch.device, samples: list[dict], field: str, formats: tuple[str, ...], transform,
+def decode_crops_on(device: torch.device, images: list[tuple[int, bytes, tuple[str, ...], str]], transform,
                     epoch: int, rows: torch.Tensor, max_pixels: int, done: list[Future]) -> None:
-    """Decodes ``field`` of every sample on ``device``, the JPEGs in one call of the library's
-    batch decoder (nvJPEG on CUDA), crops each there into its row of ``rows``; settles
-    ``done[i]`` for each sample: True, or the error that sample's image raised."""
+    """Decodes each of ``images`` ((row, bytes, formats, sample key)) on ``device``, the JPEGs
+    in one call of the library's batch decoder (nvJPEG on CUDA), and crops it there into its
+    row of ``rows``; settles ``done[j]`` for ``images[j]``: True, or the error it raised."""
     try:
         decoders = tensor_decoders()
         jpegs = []
-        for i, sample in enumerate(samples):
+        for j, (row, data, formats, key) in enumerate(images):
             try:
                 if decoders is not None and formats == ("JPEG",):
-                    check_image_pixels(sample[field], formats, max_pixels)
-                    jpegs.append(i)
+                    check_image_pixels(data, formats, max_pixels)
+                    jpegs.append(j)
                     continue
-                row = torch.empty(rows.shape[1:], dtype=torch.uint8)  # decoded and cropped on the CPU, moved
-                decode_transform_into(sample[field], formats, transform, str(sample.get("__key__")), epoch, row,
-                                      max_pixels)
-                rows[i].copy_(row)
-                done[i].set_result(True)
+                crop = torch.empty(rows.shape[1:], dtype=torch.uint8)  # decoded and cropped on the CPU, moved
+                decode_transform_into(data, formats, transform, key, epoch, crop, max_pixels)
+                rows[row].copy_(crop)
+                done[j].set_result(True)
             except Exception as exn:  # noqa: BLE001 - too large or unreadable: that sample's error
-                done[i].set_exception(exn)
-        images = _decode_jpegs_on(device, [samples[i][field] for i in jpegs], decoders["JPEG"] if jpegs else None)
-        for i, image in zip(jpegs, images, strict=True):
+                done[j].set_exception(exn)
+        decoded = _decode_jpegs_on(device, [images[j][1] for j in jpegs], decoders["JPEG"] if jpegs else None)
+        for j, image in zip(jpegs, decoded, strict=True):
             if isinstance(image, Exception):
-                done[i].set_exception(image)
+                done[j].set_exception(image)
                 continue
-            key = str(samples[i].get("__key__"))
-            rows[i].copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
-            done[i].set_result(True)
+            row, _, _, key = images[j]
+            rows[row].copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
+            done[j].set_result(True)
     except BaseException as exn:  # never leave a sample's future unsettled: its batch would wait for ever
         for future in done:
             if not future.done():
