@@ -293,3 +293,37 @@ def test_an_image_or_field_only_some_samples_have_comes_out_as_a_list_with_none(
     assert batch["seg.png"][0] is None and batch["seg.png"][2] is None
     assert torch.equal(batch["seg.png"][1], _cropped_reference(samples[1]["seg.png"]))
     assert batch["txt"] == [None, None, "hello"] and batch["cls"].tolist() == [0, 1, 2]
+
+
+IMPORT_THEN_DECODE_THEN_CROP = """
+import io, sys
+import numpy as np
+from PIL import Image
+import wds_datapipes as wd
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+heavy = ("torchvision", "torch._dynamo", "sympy")
+assert not [m for m in heavy if m in sys.modules], [m for m in heavy if m in sys.modules]
+out = io.BytesIO()
+Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(out, "JPEG")
+samples = [{"__key__": "a", "__url__": "m.tar", "jpg": out.getvalue(), "cls": b"1"}]
+(sample,) = IterableWrapper(samples).decode("torchrgb8")
+(batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=1)
+assert sample["jpg"].shape == (3, 48, 64) and batch["jpg"].shape == (1, 3, 48, 64)
+assert "torchvision" not in sys.modules, "decoding without a crop imported torchvision"
+(batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=1, transform=wd.CenterCrop(32, 40))
+assert batch["jpg"].shape == (1, 3, 32, 32)
+assert "torchvision" in sys.modules
+print("ok")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_import_wds_datapipes_leaves_torchvision_until_a_crop_needs_it():
+    """torchvision (~2 s with torch._dynamo and sympy, in every worker process) is imported by the first crop."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", IMPORT_THEN_DECODE_THEN_CROP], capture_output=True, text=True,
+                          timeout=280)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
