@@ -18,7 +18,9 @@ torchvision's own transform of the same decoded image; without it, Pillow decode
 resizes (bilinear with its own antialiasing: close, not equal). JPEG and PNG are decoded
 by ``torchvision.io`` up to torchvision 0.28, and by TorchCodec's image decoders where
 torchvision deprecates its own (0.29 on) and TorchCodec is installed: the same pixels at
-the same speed (``tests/decoding/test_vision.py``, ``make bench``).
+the same speed (``tests/decoding/test_vision.py``, ``make bench``). A 16-bit PNG becomes
+8-bit by each value's high byte, as on every image path (docs/reading.md). torchvision is
+imported by the first crop (:func:`torchvision_parts`), not with this module.
 """
 
 from __future__ import annotations
