@@ -325,5 +325,5 @@ def test_import_wds_datapipes_leaves_torchvision_until_a_crop_needs_it():
     import sys
 
     done = subprocess.run([sys.executable, "-c", IMPORT_THEN_DECODE_THEN_CROP], capture_output=True, text=True,
-                          timeout=280)
+                          timeout=280, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
