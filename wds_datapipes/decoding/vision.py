@@ -62,7 +62,7 @@ def torchvision_parts() -> types.SimpleNamespace | None:
 
 def tensor_decoders() -> dict[str, object] | None:
     """``{"JPEG": fn, "PNG": fn}``, each ``fn(uint8 tensor of the encoded bytes) -> 3xHxW``
-    (RGB; uint16 for a 16-bit PNG): TorchCodec's where torchvision deprecates its own and
+    (RGB; uint8 up to 8 bits): TorchCodec's where torchvision deprecates its own and
     TorchCodec imports, else torchvision's; None without torchvision (Pillow decodes then)."""
     return None if torchvision_parts() is None else _tensor_decoders()
 
@@ -80,16 +80,6 @@ def _tensor_decoders() -> dict[str, object]:
     rgb = parts.io.ImageReadMode.RGB
     return {"JPEG": functools.partial(parts.io.decode_jpeg, mode=rgb),
             "PNG": functools.partial(parts.io.decode_png, mode=rgb)}
-
-
-def as_eight_bits(image: torch.Tensor) -> torch.Tensor:
-    """A decoded image as uint8: a 16-bit one (uint16, from a 16-bit PNG) by each value's high
-    byte, ``v >> 8``, as :func:`~wds_datapipes.decoding.images.eight_bits` does for Pillow's."""
-    if image.dtype == torch.uint8:
-        return image
-    if image.dtype != torch.uint16:
-        raise ValueError(f"the decoder gave {image.dtype} pixels; uint8 or uint16 expected")
-    return (image.to(torch.int32) >> 8).to(torch.uint8)
 
 
 @dataclass(frozen=True)
@@ -181,9 +171,12 @@ def apply_crop(image: torch.Tensor, crop: Crop) -> torch.Tensor:
 
 
 def _tensor_decodable(data: bytes, formats: tuple[str, ...]) -> bool:
-    """Whether the tensor decoders read ``data`` to the reference pixels (Pillow's, 16-bit
-    reduced by the high byte): PNG, and JPEG."""
-    return formats in (("JPEG",), ("PNG",))
+    """Whether the tensor decoders read ``data`` to the reference pixels (Pillow's, 16 bits
+    reduced to their high byte): JPEGs, and PNGs of up to 8 bits. A 16-bit PNG goes to
+    Pillow: torchvision's decoder gives uint16 and TorchCodec's rounds ``v * 255 / 65535``."""
+    if formats == ("PNG",):
+        return not (data[12:16] == b"IHDR" and data[24] == 16)  # the IHDR's bit depth
+    return formats == ("JPEG",)
 
 
 def decode_transform_into(data: bytes, formats: tuple[str, ...], transform, key: str, epoch: int,
@@ -195,7 +188,7 @@ def decode_transform_into(data: bytes, formats: tuple[str, ...], transform, key:
     if decoders is not None and _tensor_decodable(data, formats):
         writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
         encoded = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)  # torch warns on read-only
-        image = as_eight_bits(decoders[formats[0]](encoded))
+        image = decoders[formats[0]](encoded)
         row.copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
         return
     picture = open_image(data, formats, max_pixels).convert("RGB")
