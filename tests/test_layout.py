@@ -22,7 +22,7 @@ ROOMS_BELOW = {
     "epochs": {"basics", "tar", "shards"},
     "loaders": {"basics", "epochs"},
 }
-TOP = {"wds_datapipes", "wds_datapipes.__main__", "wds_datapipes.cli"}  # may import any room
+TOP = {"wds_datapipes", "wds_datapipes.__main__", "wds_datapipes.cli", "wds_datapipes._retired"}  # may import any room
 
 
 def _modules() -> dict[str, Path]:
@@ -40,27 +40,25 @@ MODULES = _modules()
 
 
 def _imports(name: str, path: Path) -> set[str]:
-    """The project modules ``name`` imports anywhere in it (lazy imports in functions included)."""
+    """The project modules ``name`` imports anywhere in it: at the top, inside functions and
+    classes, under ``if TYPE_CHECKING:`` (annotations tie modules as imports do: two
+    modules naming each other's types are a circle) and by ``importlib.import_module`` of
+    a literal name."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
-                   for n in ast.walk(block)}
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue  # annotations only: never imported when the code runs
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            module = _absolute(package, node.level, node.module or "")
             submodules = [f"{module}.{alias.name}" for alias in node.names if f"{module}.{alias.name}" in MODULES]
             targets = submodules if len(submodules) == len(node.names) else [module, *submodules]
-        else:
-            continue
+        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                level = len(first.value) - len(first.value.lstrip("."))
+                targets = [_absolute(package, level, first.value.lstrip(".")) if level else first.value]
         for target in targets:
             while target and target not in MODULES:
                 target = target.rpartition(".")[0]
@@ -69,8 +67,17 @@ def _imports(name: str, path: Path) -> set[str]:
     return found
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+def _absolute(package: str, level: int, module: str) -> str:
+    """The absolute name of ``from <level dots><module> import ...`` written in ``package``."""
+    if not level:
+        return module
+    base = package.split(".")[: len(package.split(".")) - level + 1]
+    return ".".join(base + ([module] if module else []))
+
+
+def _is_import_module(func: ast.expr) -> bool:
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id == "import_module")
 
 
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
@@ -99,15 +106,21 @@ def test_imports_only_go_down(name):
         assert _room(target) in allowed, f"{name} (room {room!r}) imports {target} (room {_room(target)!r})"
 
 
-def test_there_are_no_import_circles():
-    # Tarjan's strongly connected components over every import, lazy ones included.
-    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected components of more than one
+    module (Tarjan's algorithm), each sorted. A package's ``__init__`` counts as a module: one
+    that imports a module which imports the package's names back is a circle too."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
 
     def visit(node: str) -> None:
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for other in GRAPH[node]:
+        for other in graph[node]:
             if other not in index:
                 visit(other)
                 low[node] = min(low[node], low[other])
@@ -121,15 +134,30 @@ def test_there_are_no_import_circles():
                 component.append(member)
                 if member == node:
                     break
-            # A package's __init__ importing its own modules is not a circle of the code.
-            code = [m for m in component if MODULES[m].name != "__init__.py"]
-            if len(code) > 1:
+            if len(component) > 1:
                 circles.append(sorted(component))
 
-    for node in GRAPH:
+    for node in graph:
         if node not in index:
             visit(node)
+    return circles
+
+
+def test_there_are_no_import_circles():
+    circles = _circles(GRAPH)
     assert circles == [], "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_imports_in_functions_under_type_checking_and_by_import_module_are_seen(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from .media import AudioSpec\nelse:\n    from .values import gunzip\n"
+        "def f():\n    import importlib\n    from .images import decode_image\n"
+        "    importlib.import_module('wds_datapipes.decoding.vision')\n"
+        "    importlib.import_module('.batch_decoder', __package__)\n")
+    assert _imports("wds_datapipes.decoding.probe", probe) == {f"wds_datapipes.decoding.{name}" for name in (
+        "media", "values", "images", "vision", "batch_decoder")}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -139,10 +167,14 @@ def test_no_module_is_longer_than_a_reader_can_hold(name):
 
 
 def test_the_checks_above_would_see_a_circle_and_an_upward_import():
-    """The graph these tests read is the real one: known edges are in it."""
+    """The graph these tests read is the real one: known edges are in it, lazy and
+    annotation-only imports included, and a circle in a graph is found."""
     assert "wds_datapipes.tar" in GRAPH["wds_datapipes.shards.tar_loader"]
     assert "wds_datapipes.epochs.epoch_pipe" in GRAPH["wds_datapipes.loaders.hooks"]
     assert "aisio.local_etl" in GRAPH["aisio.listing"]  # a lazy import counts too
+    assert "wds_datapipes.decoding.specs" in GRAPH["wds_datapipes.decoding.media"]  # under TYPE_CHECKING too
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
     assert _room("wds_datapipes.epochs.plan") == "epochs" and _room("wds_datapipes.topology") == "basics"
 
 

@@ -18,21 +18,22 @@ import warnings
 
 PACKAGE = __name__.rpartition(".")[0]
 
-# old module -> the modules its names moved to, searched in order
+# old module -> the modules its names moved to, searched in order (_retired: helpers that were merged away)
 MOVED: dict[str, tuple[str, ...]] = {
     "batch_decoding": ("decoding.batch_decoder",),
     "batching": ("pipes.batching",),
     "dataloader2_fix": ("loaders.dataloader2",),
     "epoch_plan": ("epochs.plan", "epochs.spans"),
-    "epoch_state": ("epochs.state",),
-    "exact_epochs": ("epochs.exact_epochs", "epochs.reading", "loaders.hooks"),
+    "epoch_state": ("epochs.state", "epochs.plan", "_retired"),
+    "exact_epochs": ("epochs.exact_epochs", "epochs.reading", "loaders.hooks", "epochs.epoch_pipe", "epochs.state",
+                     "epochs.plan", "topology", "torch_datapipes", "pipe_base", "_retired"),
     "fields": ("pipes.fields",),
     "grouping": ("shards.grouping",),
     "http_stream": ("shards.http_stream",),
-    "member_places": ("epochs.places", "epochs.placed_reads"),
+    "member_places": ("epochs.places", "epochs.placed_reads", "_retired"),
     "openers": ("shards.openers",),
-    "placed_shuffle": ("epochs.placed_shuffle",),
-    "shard_index": ("epochs.index",),
+    "placed_shuffle": ("epochs.placed_shuffle", "epochs.placed_reads", "shards.openers", "_retired"),
+    "shard_index": ("epochs.index", "_retired"),
     "shard_listing": ("shards.listing",),
     "shuffling": ("pipes.shuffling",),
     "tar_loader": ("shards.tar_loader",),

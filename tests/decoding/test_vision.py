@@ -161,11 +161,11 @@ def test_a_transform_needs_the_torchrgb8_spec():
 
 
 def test_without_torchvision_pillow_crops_to_the_same_size(monkeypatch):
-    monkeypatch.setattr(vision, "torchvision", None)
     samples = _samples(4)
+    reference = T.Compose([T.Resize(80, antialias=True), T.CenterCrop(64)])(_decoded(samples[0]["jpg"]))
+    monkeypatch.setattr(vision, "torchvision_parts", lambda: None)
     (batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=4, transform=CenterCrop(64, 80))
     assert batch["jpg"].shape == (4, 3, 64, 64)
-    reference = T.Compose([T.Resize(80, antialias=True), T.CenterCrop(64)])(_decoded(samples[0]["jpg"]))
     assert (batch["jpg"][0].float() - reference.float()).abs().mean() < 3  # close, not equal
 
 
@@ -253,3 +253,77 @@ def test_crops_decoded_on_the_gpu_are_close_to_the_cpus():
     for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
         assert gpu["jpg"].device.type == "cuda"
         assert (gpu["jpg"].cpu().int() - cpu["jpg"].int()).abs().float().mean() < 2  # nvJPEG's IDCT differs slightly
+
+
+def _cropped_reference(data: bytes) -> torch.Tensor:
+    """Oracle: torchvision's Resize(80) + CenterCrop(64) of Pillow's convert('RGB') of the image."""
+    from image_files import reference_rgb
+
+    image = torch.from_numpy(np.array(reference_rgb(data))).permute(2, 0, 1)
+    return T.Compose([T.Resize(80, antialias=True), T.CenterCrop(64)])(image)
+
+
+@pytest.mark.parametrize(("device", "threads"), [(None, 0), (None, 2), ("cpu", 0)])
+def test_a_batch_of_images_under_different_suffixes_is_one_tensor_of_crops(device, threads):
+    """Oracle: torchvision's transform of Pillow's decoded image, each image alone."""
+    photos = [("png", _photo(1, 300, 200, "PNG")), ("jpeg", _photo(2, 240, 320)), ("gif", _photo(3, 200, 260, "GIF")),
+              ("jpeg", _photo(4, 333, 333))]
+    samples = [{"__key__": f"k{i}", "__url__": "m.tar", suffix: data, "cls": str(i).encode()}
+               for i, (suffix, data) in enumerate(photos)]
+    (batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=4, transform=CenterCrop(64, 80),
+                                                       num_threads=threads, device=device)
+    assert sorted(batch) == ["__key__", "__url__", "cls", "png"]  # under the first sample's suffix
+    assert batch["png"].shape == (4, 3, 64, 64) and batch["__key__"] == ["k0", "k1", "k2", "k3"]
+    for crop, (_, data) in zip(batch["png"], photos, strict=True):
+        assert torch.equal(crop, _cropped_reference(data))
+    images, labels = next(iter(IterableWrapper([batch]).to_tuple("jpg;png;jpeg;gif", "cls")))
+    assert images.shape == (4, 3, 64, 64) and labels.tolist() == [0, 1, 2, 3]
+
+
+def test_an_image_or_field_only_some_samples_have_comes_out_as_a_list_with_none():
+    """Oracle: torchvision's transform of Pillow's decoded image, each image alone."""
+    samples = [{"__key__": f"k{i}", "__url__": "m.tar", "jpg": _photo(i, 200, 240), "cls": str(i).encode()}
+               for i in range(3)]
+    samples[1]["seg.png"] = _photo(9, 300, 200, "PNG")
+    samples[2]["txt"] = b"hello"
+    (batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=3, transform=CenterCrop(64, 80))
+    assert batch["jpg"].shape == (3, 3, 64, 64)
+    for crop, sample in zip(batch["jpg"], samples, strict=True):
+        assert torch.equal(crop, _cropped_reference(sample["jpg"]))
+    assert batch["seg.png"][0] is None and batch["seg.png"][2] is None
+    assert torch.equal(batch["seg.png"][1], _cropped_reference(samples[1]["seg.png"]))
+    assert batch["txt"] == [None, None, "hello"] and batch["cls"].tolist() == [0, 1, 2]
+
+
+IMPORT_THEN_DECODE_THEN_CROP = """
+import io, sys
+import numpy as np
+from PIL import Image
+import wds_datapipes as wd
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+heavy = ("torchvision", "torch._dynamo", "sympy")
+assert not [m for m in heavy if m in sys.modules], [m for m in heavy if m in sys.modules]
+out = io.BytesIO()
+Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(out, "JPEG")
+samples = [{"__key__": "a", "__url__": "m.tar", "jpg": out.getvalue(), "cls": b"1"}]
+(sample,) = IterableWrapper(samples).decode("torchrgb8")
+(batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=1)
+assert sample["jpg"].shape == (3, 48, 64) and batch["jpg"].shape == (1, 3, 48, 64)
+assert "torchvision" not in sys.modules, "decoding without a crop imported torchvision"
+(batch,) = IterableWrapper(samples).decode_batches("torchrgb8", batch_size=1, transform=wd.CenterCrop(32, 40))
+assert batch["jpg"].shape == (1, 3, 32, 32)
+assert "torchvision" in sys.modules
+print("ok")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_import_wds_datapipes_leaves_torchvision_until_a_crop_needs_it():
+    """torchvision (~2 s with torch._dynamo and sympy, in every worker process) is imported by the first crop."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", IMPORT_THEN_DECODE_THEN_CROP], capture_output=True, text=True,
+                          timeout=280, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

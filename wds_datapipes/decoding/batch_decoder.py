@@ -38,7 +38,12 @@ class BatchDecoder(Pipe[dict]):
       benchmarks/bench_pipeline.py); ``torch*`` batches then come out channels_last;
     - with ``transform`` (a :class:`~wds_datapipes.decoding.vision.CenterCrop` or
       :class:`~wds_datapipes.decoding.vision.RandomResizedCrop`) and ``"torchrgb8"``, every image of
-      any size is decoded, cropped and resized into its row of an N x 3 x S x S batch;
+      any size and format is decoded, cropped and resized into its row of an N x 3 x S x S
+      batch. Where the samples of a batch each hold one image under different suffixes (a
+      ``.png``, a ``.jpeg``, a ``.gif``), the crops make one N x 3 x S x S tensor under the
+      first sample's suffix (pick it with ``to_tuple("jpg;png;jpeg;gif", ...)``); an image
+      field only some samples have gives a list of crops, None for the others, and so does
+      any other field only some samples have;
     - everything else is decoded sample by sample, in the threads too.
 
     Args:
@@ -128,37 +133,58 @@ class BatchDecoder(Pipe[dict]):
         """Allocates the batch rows of the fields that take them and starts decoding into them;
         the samples whose images take no rows are decoded whole, in the pool too."""
         started = _StartedBatch(samples)
-        if self._row_spec is not None and all(s.keys() == samples[0].keys() for s in samples):
+        if self.transform is not None:
+            for field, sources in self._image_columns(samples).items():
+                self._start_transformed(started, field, sources, pool, epoch)
+        elif self._row_spec is not None and all(s.keys() == samples[0].keys() for s in samples):
             for field in samples[0]:
-                if self.transform is not None and self._is_image(field):
-                    self._start_transformed(started, field, pool, epoch)
-                elif self.transform is None:
-                    self._start_same_size(started, field, pool)
+                self._start_same_size(started, field, pool)
         if not started.rows:  # mixed sizes or formats: each sample decoded whole, in the threads
             started.whole = [pool.submit(self.decoder, sample) for sample in samples]
         return started
 
-    def _start_transformed(self, started: _StartedBatch, field: str, pool: Executor, epoch: int) -> None:
+    def _image_columns(self, samples: list[dict]) -> dict[str, list[str | None]]:
+        """The crops' tensors of a batch: their field -> the image field of each sample that
+        its rows hold (None for a sample without one). An image field is its own tensor; where
+        each sample has one image field and they differ (``.png``, ``.jpeg``), they make one,
+        named after the first sample's."""
+        fields = [[field for field in sample if self._is_image(field)] for sample in samples]
+        if all(len(names) == 1 for names in fields) and len({names[0] for names in fields}) > 1:
+            return {fields[0][0]: [names[0] for names in fields]}
+        columns: dict[str, list[str | None]] = {}
+        for i, names in enumerate(fields):
+            for name in names:
+                columns.setdefault(name, [None] * len(samples))[i] = name
+        return columns
+
+    def _start_transformed(self, started: _StartedBatch, field: str, sources: list[str | None], pool: Executor,
+                           epoch: int) -> None:
         size = self.transform.size
         shape = (len(started.samples), 3, size, size)
         rows = _new_rows(shape) if self.device is None else torch.empty(shape, dtype=torch.uint8, device=self.device)
-        try:
-            formats = self.decoder.formats_for(field)
-        except ValueError as exn:  # a suffix with no safe format: every sample of the batch fails
-            started.rows[field] = rows
-            started.work[field] = [_failed(exn) for _ in started.samples]
-            return
-        started.rows[field] = rows
+        started.rows[field], started.sources[field] = rows, sources
+        work: list[Future] = [_settled(True) for _ in started.samples]  # a sample without this image: nothing to do
+        started.work[field] = work
+        images = []  # (row, bytes, formats, key) of each image to crop
+        for i, (sample, source) in enumerate(zip(started.samples, sources)):
+            if source is None:
+                continue
+            try:
+                formats = self.decoder.formats_for(source)
+            except ValueError as exn:  # a suffix with no safe format: that sample fails
+                work[i] = _failed(exn)
+                continue
+            images.append((i, sample[source], formats, str(sample.get("__key__"))))
+        max_pixels = self.decoder.limits.max_image_pixels
         if self.device is not None:
-            started.work[field] = [Future() for _ in started.samples]
-            pool.submit(decode_crops_on, self.device, started.samples, field, formats, self.transform, epoch, rows,
-                        self.decoder.limits.max_image_pixels, started.work[field])
+            done = [Future() for _ in images]
+            for (i, *_), future in zip(images, done):
+                work[i] = future
+            pool.submit(decode_crops_on, self.device, images, self.transform, epoch, rows, max_pixels, done)
             return
-        started.work[field] = [
-            pool.submit(decode_transform_into, s[field], formats, self.transform, str(s.get("__key__")), epoch,
-                        rows[i], self.decoder.limits.max_image_pixels)
-            for i, s in enumerate(started.samples)
-        ]
+        for i, data, formats, key in images:
+            work[i] = pool.submit(decode_transform_into, data, formats, self.transform, key, epoch, rows[i],
+                                  max_pixels)
 
     def _start_same_size(self, started: _StartedBatch, field: str, pool: Executor) -> None:
         mode = self._row_spec.mode
@@ -166,7 +192,7 @@ class BatchDecoder(Pipe[dict]):
         if shape is None:
             return
         rows = _new_rows((len(started.samples), *shape)).numpy()
-        started.rows[field] = rows
+        started.rows[field], started.sources[field] = rows, [field] * len(started.samples)
         started.work[field] = [pool.submit(_decode_row, s[field], mode, rows[i]) for i, s in enumerate(started.samples)]
 
     def _is_image(self, field: str) -> bool:
@@ -203,7 +229,8 @@ class BatchDecoder(Pipe[dict]):
                 if started.whole is not None:
                     decoded[i] = started.whole[i].result()
                 else:
-                    decoded[i] = self.decoder({k: v for k, v in sample.items() if k not in started.rows})
+                    in_rows = {sources[i] for sources in started.sources.values()}
+                    decoded[i] = self.decoder({k: v for k, v in sample.items() if k not in in_rows})
             except DecodeError as exn:
                 failed[i] = exn
         for i in sorted(failed):
@@ -214,10 +241,24 @@ class BatchDecoder(Pipe[dict]):
             if any(EXACT_EPOCH_FLAG in s for s in samples):  # a batch of an exact epoch must not vanish
                 raise failed[min(failed)]
             return
-        batch = collate([decoded[i] for i in keep])
+        batch = self._collate([decoded[i] for i in keep])
         for field, rows in started.rows.items():
-            batch[field] = self._as_batch(rows if len(keep) == len(samples) else rows[keep])
+            sources = started.sources[field]
+            if any(sources[i] is None for i in keep):  # an image only some samples have
+                batch[field] = [rows[i] if sources[i] is not None else None for i in keep]
+            else:
+                batch[field] = self._as_batch(rows if len(keep) == len(samples) else rows[keep])
         yield batch
+
+    def _collate(self, samples: list[dict]) -> dict | list:
+        """The batch of decoded samples: ``collate``'s (a list of dicts where their fields differ,
+        as ``decode().batch_samples()`` gives); with a transform always a dict, a field only
+        some samples have as a list with None for the others."""
+        if self.transform is None or all(s.keys() == samples[0].keys() for s in samples):
+            return collate(samples)
+        fields = dict.fromkeys(field for sample in samples for field in sample)
+        return {field: collate([s[field] for s in samples]) if all(field in s for s in samples)
+                else [s.get(field) for s in samples] for field in fields}
 
     def _wait_for_rows(self, started: _StartedBatch) -> dict[int, DecodeError]:
         """Waits for the rows; a JPEG simplejpeg refused is decoded again (Pillow), in order."""
@@ -229,7 +270,7 @@ class BatchDecoder(Pipe[dict]):
                 try:
                     done = outcome.result()
                 except Exception as exn:  # noqa: BLE001 - any decoder error of a transformed image
-                    failed[i] = _decode_error(started.samples[i], field, exn)
+                    failed[i] = _decode_error(started.samples[i], started.sources[field][i], exn)
                     continue
                 if done is False:  # simplejpeg refused it: the per-sample decoder (Pillow) may still read it
                     try:
@@ -260,6 +301,7 @@ class _StartedBatch:
     def __init__(self, samples: list[dict]):
         self.samples = samples
         self.rows: dict[str, np.ndarray | torch.Tensor] = {}
+        self.sources: dict[str, list[str | None]] = {}  # per field of rows: each sample's field they hold
         self.work: dict[str, list[Future]] = {}
         self.whole: list[Future] | None = None
 
@@ -281,6 +323,12 @@ def _new_rows(shape: tuple[int, ...]) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.uint8)
     storage = torch.UntypedStorage._new_shared(math.prod(shape))
     return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+
+
+def _settled(result: object) -> Future:
+    future: Future = Future()
+    future.set_result(result)
+    return future
 
 
 def _failed(exn: Exception) -> Future:

@@ -52,7 +52,9 @@ class SampleDecoder:
     leaves them as bytes); cbor uses ``cbor2`` (webdataset imports the long-dead ``cbor``);
     several ``.gz`` layers are all removed; ``.pth`` loads with ``weights_only=True`` unless
     allow_pickle; pickle is refused unless allow_pickle; non-bytes values pass through
-    instead of failing; ``only`` also takes commas.
+    instead of failing; ``only`` also takes commas; a 16-bit greyscale image is made 8-bit
+    by each value's high byte, as Pillow reads 16-bit colour (webdataset's Pillow convert
+    clips it at 255; see :func:`~wds_datapipes.decoding.images.eight_bits`).
 
     Args:
         *specs: image spec names, callables and dicts, tried in order before the built-ins.

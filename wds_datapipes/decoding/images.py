@@ -138,20 +138,47 @@ def decode_image(data: bytes, spec: str, formats: Iterable[str] | None = None, m
 
 def _pillow_image(data: bytes, mode: str, formats: tuple[str, ...], max_pixels: int) -> PIL.Image.Image:
     """A plain ``Image`` in ``mode``, as webdataset returns (``convert`` copies even in the same mode)."""
-    return _pillow_open(data, formats, max_pixels).convert(mode)
+    return open_image(data, formats, max_pixels).convert(mode)
 
 
 def _pillow_pixels(data: bytes, mode: str, formats: tuple[str, ...], max_pixels: int) -> np.ndarray:
-    image = _pillow_open(data, formats, max_pixels)
+    image = open_image(data, formats, max_pixels)
     return np.asarray(image if image.mode == mode else image.convert(mode))  # read-only
 
 
-def _pillow_open(data: bytes, formats: tuple[str, ...], max_pixels: int) -> PIL.Image.Image:
+def open_image(data: bytes, formats: tuple[str, ...], max_pixels: int) -> PIL.Image.Image:
+    """The image Pillow reads from ``data`` as one of ``formats``, its pixels loaded, with 16-bit
+    greyscale made 8-bit by :func:`eight_bits`; ValueError for one of more than ``max_pixels``
+    pixels, before its pixels are decoded."""
     with io.BytesIO(data) as stream:
         image = PIL.Image.open(stream, formats=formats)  # reads the header only
         _check_pixels(image.width, image.height, max_pixels)
         image.load()
-    return image
+    return eight_bits(image)
+
+
+# Pillow's modes for 16-bit greyscale (a 16-bit greyscale PNG or TIFF opens as one of them).
+SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N"})
+
+
+def eight_bits(image: PIL.Image.Image) -> PIL.Image.Image:
+    """``image``, with 16-bit greyscale (``I;16``) turned into 8-bit ``L`` (``LA`` where a
+    transparent value is set): each value's high byte, ``v >> 8``.
+
+    That is how Pillow itself reads 16-bit RGB, RGBA and greyscale-with-alpha PNGs, and how
+    torchvision scales uint16 to uint8 (``to_dtype(..., scale=True)``); every image path of
+    ours gives it. Pillow's own ``convert`` from ``I;16`` clips at 255 instead (any value
+    over 255 turns white), and so does webdataset, which we do not follow there.
+    """
+    if image.mode not in SIXTEEN_BIT_MODES:
+        return image
+    values = np.asarray(image)
+    high = (values >> 8).astype(np.uint8)
+    transparent = image.info.get("transparency")
+    if isinstance(transparent, int):  # one 16-bit value is transparent: keep that as alpha
+        alpha = np.where(values == transparent, 0, 255).astype(np.uint8)
+        return PIL.Image.fromarray(np.stack([high, alpha], axis=-1), "LA")
+    return PIL.Image.fromarray(high, "L")
 
 
 def check_image_pixels(data: bytes, formats: tuple[str, ...], max_pixels: int) -> None:

@@ -38,7 +38,7 @@ from ..limits import Limits, get_limits
 from ..pipes.batching import collate
 
 if TYPE_CHECKING:
-    from .decoder import SampleDecoder
+    from .specs import DecodeContext
 
 __all__ = [
     "AUDIO_EXTENSIONS",
@@ -304,7 +304,7 @@ class MediaHandler:
     def __init__(self, spec: AudioSpec | VideoSpec):
         self.spec = spec
 
-    def __call__(self, suffix: str, data: bytes, decoder: SampleDecoder) -> Audio | Video | None:
+    def __call__(self, suffix: str, data: bytes, decoder: DecodeContext) -> Audio | Video | None:
         extension = suffix.rpartition(".")[2]
         if extension not in self.spec.extensions:
             return None

@@ -6,15 +6,23 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..limits import Limits
 from .images import IMAGE_EXTENSIONS, IMAGE_SPECS, decode_image
-
-if TYPE_CHECKING:
-    from .decoder import SampleDecoder
 
 # A user handler: an image spec name, fn(".suffix", data) -> value or None, or {pattern: fn(data)}.
 Spec = str | Callable[[str, bytes], Any] | Mapping[str, Callable[[bytes], Any]]
+
+
+class DecodeContext(Protocol):
+    """What a handler is given of the decoder that calls it (a
+    :class:`~wds_datapipes.decoding.decoder.SampleDecoder` is one): its limits and the image
+    formats a suffix may be. Handlers name this, not the decoder, whose module imports them."""
+
+    limits: Limits
+
+    def formats_for(self, suffix: str) -> tuple[str, ...]: ...
 
 
 def split_names(names: str | Iterable[str] | None) -> frozenset[str] | None:
@@ -42,7 +50,7 @@ class ImageHandler:
                              "audio, video (or an AudioSpec / VideoSpec)")
         self.name, self.spec = name, IMAGE_SPECS[name]
 
-    def __call__(self, suffix: str, data: bytes, decoder: SampleDecoder) -> Any:
+    def __call__(self, suffix: str, data: bytes, decoder: DecodeContext) -> Any:
         if suffix.rpartition(".")[2] not in IMAGE_EXTENSIONS:
             return None
         return decode_image(data, self.name, decoder.formats_for(suffix), decoder.limits.max_image_pixels)
@@ -54,7 +62,7 @@ class PatternHandler:
     def __init__(self, patterns: Mapping[str, Callable[[bytes], Any]]):
         self.patterns = [(pattern.lower(), fn) for pattern, fn in patterns.items()]
 
-    def __call__(self, suffix: str, data: bytes, decoder: SampleDecoder) -> Any:
+    def __call__(self, suffix: str, data: bytes, decoder: DecodeContext) -> Any:
         for pattern, fn in self.patterns:
             if _pattern_matches(pattern, suffix):
                 return fn(data)
@@ -67,7 +75,7 @@ class CallableHandler:
     def __init__(self, fn: Callable[[str, bytes], Any]):
         self.fn = fn
 
-    def __call__(self, suffix: str, data: bytes, decoder: SampleDecoder) -> Any:
+    def __call__(self, suffix: str, data: bytes, decoder: DecodeContext) -> Any:
         return self.fn("." + suffix, data)
 
 

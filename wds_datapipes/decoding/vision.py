@@ -18,15 +18,17 @@ torchvision's own transform of the same decoded image; without it, Pillow decode
 resizes (bilinear with its own antialiasing: close, not equal). JPEG and PNG are decoded
 by ``torchvision.io`` up to torchvision 0.28, and by TorchCodec's image decoders where
 torchvision deprecates its own (0.29 on) and TorchCodec is installed: the same pixels at
-the same speed (``tests/decoding/test_vision.py``, ``make bench``).
+the same speed (``tests/decoding/test_vision.py``, ``make bench``). A 16-bit PNG becomes
+8-bit by each value's high byte, as on every image path (docs/reading.md). torchvision is
+imported by the first crop (:func:`torchvision_parts`), not with this module.
 """
 
 from __future__ import annotations
 
 import functools
-import io
 import math
 import random
+import types
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -34,14 +36,7 @@ import numpy as np
 import PIL.Image
 import torch
 
-from .images import check_image_pixels
-
-try:
-    import torchvision
-    from torchvision.io import ImageReadMode
-    from torchvision.transforms.v2 import functional as tvf
-except ImportError:  # Pillow is the fallback
-    torchvision = None
+from .images import check_image_pixels, open_image
 
 __all__ = ["CenterCrop", "Crop", "RandomResizedCrop", "decode_crops_on", "decode_transform_into", "tensor_decoders"]
 
@@ -49,22 +44,42 @@ TORCHVISION_DEPRECATES_DECODING = (0, 29)  # torchvision.io's decoders warn from
 
 
 @functools.cache
-def tensor_decoders() -> dict[str, object] | None:
-    """``{"JPEG": fn, "PNG": fn}``, each ``fn(uint8 tensor of the encoded bytes) -> uint8 3xHxW``
-    (RGB): TorchCodec's where torchvision deprecates its own and TorchCodec imports, else
-    torchvision's; None without torchvision (Pillow decodes then)."""
-    if torchvision is None:
+def torchvision_parts() -> types.SimpleNamespace | None:
+    """torchvision's ``io`` and ``transforms.v2.functional`` (as ``.io``, ``.functional``,
+    ``.version``), imported when a crop first needs them; None without torchvision (Pillow
+    decodes and resizes then). Not at ``import wds_datapipes``: torchvision takes ~2 s to
+    import (its models, torch._dynamo), which pipelines that never crop should not pay in
+    every worker process."""
+    try:
+        import torchvision
+        import torchvision.io
+        from torchvision.transforms.v2 import functional
+    except ImportError:
         return None
-    release = tuple(int(part) for part in torchvision.__version__.split("+")[0].split(".")[:2])
-    if release >= TORCHVISION_DEPRECATES_DECODING:
+    version = tuple(int(part) for part in torchvision.__version__.split("+")[0].split(".")[:2])
+    return types.SimpleNamespace(io=torchvision.io, functional=functional, version=version)
+
+
+def tensor_decoders() -> dict[str, object] | None:
+    """``{"JPEG": fn, "PNG": fn}``, each ``fn(uint8 tensor of the encoded bytes) -> 3xHxW``
+    (RGB; uint8 up to 8 bits): TorchCodec's where torchvision deprecates its own and
+    TorchCodec imports, else torchvision's; None without torchvision (Pillow decodes then)."""
+    return None if torchvision_parts() is None else _tensor_decoders()
+
+
+@functools.cache
+def _tensor_decoders() -> dict[str, object]:
+    parts = torchvision_parts()
+    if parts.version >= TORCHVISION_DEPRECATES_DECODING:
         try:
             from torchcodec.decoders import decode_jpeg, decode_png
         except (ImportError, OSError, RuntimeError):  # not installed, or its libraries do not load
             pass
         else:
             return {"JPEG": functools.partial(decode_jpeg, mode="RGB"), "PNG": functools.partial(decode_png, mode="RGB")}
-    return {"JPEG": functools.partial(torchvision.io.decode_jpeg, mode=ImageReadMode.RGB),
-            "PNG": functools.partial(torchvision.io.decode_png, mode=ImageReadMode.RGB)}
+    rgb = parts.io.ImageReadMode.RGB
+    return {"JPEG": functools.partial(parts.io.decode_jpeg, mode=rgb),
+            "PNG": functools.partial(parts.io.decode_png, mode=rgb)}
 
 
 @dataclass(frozen=True)
@@ -145,6 +160,7 @@ class RandomResizedCrop:
 
 def apply_crop(image: torch.Tensor, crop: Crop) -> torch.Tensor:
     """``crop`` applied to a uint8 CxHxW tensor with torchvision's functions (antialiased resize)."""
+    tvf = torchvision_parts().functional
     if crop.resized is not None:
         image = tvf.resize(image, list(crop.resized), antialias=True)
     top, left, h, w = crop.box
@@ -154,59 +170,64 @@ def apply_crop(image: torch.Tensor, crop: Crop) -> torch.Tensor:
     return tvf.horizontal_flip(image) if crop.flip else image
 
 
+def _tensor_decodable(data: bytes, formats: tuple[str, ...]) -> bool:
+    """Whether the tensor decoders read ``data`` to the reference pixels (Pillow's, 16 bits
+    reduced to their high byte): JPEGs, and PNGs of up to 8 bits. A 16-bit PNG goes to
+    Pillow: torchvision's decoder gives uint16 and TorchCodec's rounds ``v * 255 / 65535``."""
+    if formats == ("PNG",):
+        return not (data[12:16] == b"IHDR" and data[24] == 16)  # the IHDR's bit depth
+    return formats == ("JPEG",)
+
+
 def decode_transform_into(data: bytes, formats: tuple[str, ...], transform, key: str, epoch: int,
                           row: torch.Tensor, max_pixels: int) -> None:
     """Decodes image bytes (as one of ``formats``), transforms them, writes them into ``row``
     (3xSxS uint8); an image of more than ``max_pixels`` is refused from its header."""
     check_image_pixels(data, formats, max_pixels)
     decoders = tensor_decoders()
-    if decoders is not None and formats in (("JPEG",), ("PNG",)):
+    if decoders is not None and _tensor_decodable(data, formats):
         writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
         encoded = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)  # torch warns on read-only
         image = decoders[formats[0]](encoded)
         row.copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
         return
-    with io.BytesIO(data) as stream:
-        picture = PIL.Image.open(stream, formats=formats)
-        picture.load()
-    picture = picture.convert("RGB")
+    picture = open_image(data, formats, max_pixels).convert("RGB")
     crop = transform.crop(picture.height, picture.width, key, epoch)
-    if torchvision is not None:
+    if torchvision_parts() is not None:
         image = torch.from_numpy(np.array(picture)).permute(2, 0, 1)  # a writable copy, as torch wants
         row.copy_(apply_crop(image, crop))
         return
     row.copy_(torch.from_numpy(np.array(_pillow_crop(picture, crop))).permute(2, 0, 1))
 
 
-def decode_crops_on(device: torch.device, samples: list[dict], field: str, formats: tuple[str, ...], transform,
+def decode_crops_on(device: torch.device, images: list[tuple[int, bytes, tuple[str, ...], str]], transform,
                     epoch: int, rows: torch.Tensor, max_pixels: int, done: list[Future]) -> None:
-    """Decodes ``field`` of every sample on ``device``, the JPEGs in one call of the library's
-    batch decoder (nvJPEG on CUDA), crops each there into its row of ``rows``; settles
-    ``done[i]`` for each sample: True, or the error that sample's image raised."""
+    """Decodes each of ``images`` ((row, bytes, formats, sample key)) on ``device``, the JPEGs
+    in one call of the library's batch decoder (nvJPEG on CUDA), and crops it there into its
+    row of ``rows``; settles ``done[j]`` for ``images[j]``: True, or the error it raised."""
     try:
         decoders = tensor_decoders()
         jpegs = []
-        for i, sample in enumerate(samples):
+        for j, (row, data, formats, key) in enumerate(images):
             try:
                 if decoders is not None and formats == ("JPEG",):
-                    check_image_pixels(sample[field], formats, max_pixels)
-                    jpegs.append(i)
+                    check_image_pixels(data, formats, max_pixels)
+                    jpegs.append(j)
                     continue
-                row = torch.empty(rows.shape[1:], dtype=torch.uint8)  # decoded and cropped on the CPU, moved
-                decode_transform_into(sample[field], formats, transform, str(sample.get("__key__")), epoch, row,
-                                      max_pixels)
-                rows[i].copy_(row)
-                done[i].set_result(True)
+                crop = torch.empty(rows.shape[1:], dtype=torch.uint8)  # decoded and cropped on the CPU, moved
+                decode_transform_into(data, formats, transform, key, epoch, crop, max_pixels)
+                rows[row].copy_(crop)
+                done[j].set_result(True)
             except Exception as exn:  # noqa: BLE001 - too large or unreadable: that sample's error
-                done[i].set_exception(exn)
-        images = _decode_jpegs_on(device, [samples[i][field] for i in jpegs], decoders["JPEG"] if jpegs else None)
-        for i, image in zip(jpegs, images, strict=True):
+                done[j].set_exception(exn)
+        decoded = _decode_jpegs_on(device, [images[j][1] for j in jpegs], decoders["JPEG"] if jpegs else None)
+        for j, image in zip(jpegs, decoded, strict=True):
             if isinstance(image, Exception):
-                done[i].set_exception(image)
+                done[j].set_exception(image)
                 continue
-            key = str(samples[i].get("__key__"))
-            rows[i].copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
-            done[i].set_result(True)
+            row, _, _, key = images[j]
+            rows[row].copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
+            done[j].set_result(True)
     except BaseException as exn:  # never leave a sample's future unsettled: its batch would wait for ever
         for future in done:
             if not future.done():
