@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import sys
@@ -26,7 +25,6 @@ from importlib.metadata import entry_points
 import numpy as np
 
 from .epochs.index import ShardIndex, ShardScan, build_index, check_scan_against, scan_shard
-from .epochs.places import ShardPlaces
 from .errors import WdsError
 from .shards.grouping import group_members
 from .shards.listing import expand_url_spec, resolve_local
@@ -167,12 +165,7 @@ def _places_summary(index: ShardIndex, asked: bool) -> str:
 
 
 def _scan_to_json(scan: ShardScan) -> dict:
-    offsets = None
-    if scan.offsets is not None:
-        offsets = base64.b64encode((scan.offsets // 512).astype("<u4").tobytes()).decode()
-    places = None if scan.places is None else scan.places.to_json()
-    return {"url": str.__str__(scan.url), "nsamples": scan.nsamples, "filesize": scan.filesize, "offsets": offsets,
-            "places": places}
+    return scan.to_json()
 
 
 def _read_partial(path: str) -> dict[str, ShardScan]:
@@ -185,11 +178,7 @@ def _read_partial(path: str) -> dict[str, ShardScan]:
                 entry = json.loads(line)
             except ValueError:
                 continue  # a line cut by the interruption
-            offsets = None
-            if entry["offsets"] is not None:
-                offsets = np.frombuffer(base64.b64decode(entry["offsets"]), dtype="<u4").astype(np.int64) * 512
-            places = None if entry.get("places") is None else ShardPlaces.from_json(entry["places"])
-            done[entry["url"]] = ShardScan(entry["url"], entry["nsamples"], entry["filesize"], offsets, places=places)
+            done[entry["url"]] = ShardScan.from_json(entry)
     return done
 
 
