@@ -29,17 +29,17 @@ def sample_cost(key: str, fields: Sequence[tuple[str, int]]) -> int:
 
 def assign_shards(costs: Iterable[int], maxcount: int | None = None, maxsize: int | None = None) -> Iterator[int]:
     """Yields each sample's shard number, in order: a shard takes samples until one more
-    would pass ``maxcount`` samples or ``maxsize`` bytes (a sample bigger than ``maxsize``
-    gets a shard of its own). Neither limit: one shard."""
+    would pass ``maxcount`` samples or ``maxsize`` bytes, its end blocks counted (a sample
+    bigger than ``maxsize`` gets a shard of its own). Neither limit: one shard."""
     if maxcount is not None and maxcount < 1:
         raise ValueError(f"maxcount must be >= 1, not {maxcount}")
     if maxsize is not None and maxsize < 1:
         raise ValueError(f"maxsize must be >= 1, not {maxsize}")
-    shard, count, size = 0, 0, 0
+    shard, count, size = 0, 0, 2 * BLOCK  # a shard ends with two zero blocks
     for cost in costs:
         if count and ((maxcount is not None and count >= maxcount) or
                       (maxsize is not None and size + cost > maxsize)):
-            shard, count, size = shard + 1, 0, 0
+            shard, count, size = shard + 1, 0, 2 * BLOCK
         count += 1
         size += cost
         yield shard

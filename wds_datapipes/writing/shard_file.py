@@ -31,6 +31,7 @@ from ..shards.grouping import split_key
 from ..tar.build import END, member_header, padding
 
 _FLUSH_AT = 1 << 20
+PROBLEMS = "__problems__"  # an input reader's reasons why a sample cannot be written
 _COPY_CHUNK = 1 << 30
 
 

@@ -13,6 +13,7 @@ taken in the same pass (:mod:`.shard_file`), and recorded in the progress log
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import multiprocessing
 import os
@@ -21,12 +22,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..epochs.index import ShardIndex
 from ..errors import ShardWriteError
 from ..handlers import Handler, reraise_exception
 from .plan import assign_shards, sample_cost, writes_shard
 from .progress import ProgressLog, WriterSettings, join_index, progress_path
-from .shard_file import FileBytes, MemberOptions, ShardResult, check_fields, write_shard
+from .shard_file import PROBLEMS, FileBytes, MemberOptions, ShardResult, check_fields, write_shard
 
 logger = logging.getLogger("wds_datapipes")
 
@@ -149,7 +152,7 @@ def _checked(samples: Iterable[dict], require: Sequence[str], handler: Handler,
         source = str(sample.get("__source__", key))
         try:
             fields = [name for name in sample if not name.startswith("_")]
-            problem = check_fields(key, fields)
+            problem = "; ".join(sample[PROBLEMS]) if sample.get(PROBLEMS) else check_fields(key, fields)
             missing = [name for name in require if name not in sample]
             if problem is None and missing:
                 problem = f"the required field(s) {missing} are missing (it has {fields})"
@@ -169,14 +172,24 @@ def _checked(samples: Iterable[dict], require: Sequence[str], handler: Handler,
 
 
 def _size(value: object) -> int:
-    """A field's planned size: its bytes where known without encoding it."""
+    """A field's planned size: exact for bytes, text, files, integers, arrays and JSON;
+    a guess for other values (images to encode: their pixels' bytes)."""
     if isinstance(value, FileBytes):
         return value.size if value.size is not None else os.stat(value.path).st_size
     if isinstance(value, (bytes, bytearray, memoryview)):
         return len(value)
     if isinstance(value, str):
         return len(value.encode("utf-8", "surrogateescape"))
-    return int(getattr(value, "nbytes", 16))
+    if isinstance(value, int):
+        return len(str(value))
+    if isinstance(value, np.ndarray):
+        return value.nbytes + 128  # an npy header (version 1, small shapes)
+    if isinstance(value, (dict, list)):
+        try:
+            return len(json.dumps(value, sort_keys=True, separators=(",", ":")).encode())
+        except (TypeError, ValueError):
+            return 64
+    return int(getattr(value, "nbytes", 64))
 
 
 def _dispatch(shard: int, samples: list[dict | None], settings: WriterSettings, log: ProgressLog, pool: _Shards,
