@@ -1,4 +1,4 @@
-"""The command line: ``python -m wds_datapipes index | inspect | verify``.
+"""The command line: ``python -m wds_datapipes index | inspect | verify | create``.
 
 - ``index URLS -o index.json``: count every shard's samples (and where each starts) into a
   shard index; several shards at a time, a progress bar, and a restart that skips the
@@ -10,6 +10,8 @@
   keys unique; exit status 1 naming the shard and member otherwise. ``verify --cache``
   checks the local shard cache (``$WDS_CACHE_DIR``, or ``--cache-dir``): each complete
   copy's size and CRC-32 as downloaded; a bad copy is removed (it is fetched again).
+- ``create SOURCE -o out/train-%06d.tar``: write shards and their index in one pass from
+  folders, manifests or shards (:mod:`wds_datapipes.writing.command`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .shards.grouping import group_members
 from .shards.listing import expand_url_spec, resolve_local
 from .shards.openers import open_shard, url_scheme
 from .tar import iter_tar_members
+from .writing.command import add_create_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="also check that no key appears in two shards (holds every key in memory)")
     verify.add_argument("--allow-pipe", action="store_true", help="let the index's URLs be pipe: commands")
     verify.set_defaults(run=_verify)
+    add_create_command(commands)
     return parser
 
 

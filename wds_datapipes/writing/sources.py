@@ -38,23 +38,17 @@ def _files(root: str) -> Iterator[tuple[str, os.DirEntry]]:
             yield entry.name, entry
 
 
-def _value(text: str) -> int | str:
-    try:
-        return int(text)
-    except ValueError:
-        return text
-
-
 def read_fields_file(path: str, names: Sequence[str]) -> dict[str, dict]:
     """Per key, its fields from a whitespace-separated list file (``key v1 v2 ...``, ``#`` comments:
-    the Oxford-IIIT Pets ``annotations/list.txt``); numbers become ints."""
+    the Oxford-IIIT Pets ``annotations/list.txt``), as text: a column named ``cls`` reads
+    back as an int, any other as its suffix's decoder reads it."""
     fields: dict[str, dict] = {}
     with open(path) as lines:
         for line in lines:
             parts = line.split()
             if not parts or parts[0].startswith("#"):
                 continue
-            fields[parts[0]] = {name: _value(v) for name, v in zip(names, parts[1:])}
+            fields[parts[0]] = dict(zip(names, parts[1:]))
     return fields
 
 
