@@ -11,6 +11,7 @@ as POSIX and tarfile's PAX format write them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from .headers import BLOCK, _header_sum
@@ -54,19 +55,27 @@ def ustar_block(name: bytes, size: int, *, mtime: int = 0, mode: int = 0o444, fl
                 prefix: bytes = b"") -> bytes:
     """One 512-byte ustar header block with its checksum; ``name`` at most 100 bytes,
     ``prefix`` at most 155, ``size`` below 8 GiB."""
-    block = bytearray(BLOCK)
+    block = bytearray(_template(mtime, mode, flag))
     block[0 : len(name)] = name
+    block[124:136] = _octal(size, 12)
+    if prefix:
+        block[345 : 345 + len(prefix)] = prefix
+    block[148:156] = b"%06o\0 " % _header_sum(memoryview(block), 0)
+    return bytes(block)
+
+
+@functools.lru_cache(maxsize=64)
+def _template(mtime: int, mode: int, flag: bytes) -> bytes:
+    """The fields every header of these settings shares (a writer uses one or two kinds)."""
+    block = bytearray(BLOCK)
     block[100:108] = _octal(mode, 8)
     block[108:116] = _octal(0, 8)  # uid
     block[116:124] = _octal(0, 8)  # gid
-    block[124:136] = _octal(size, 12)
     block[136:148] = _octal(mtime, 12)
     block[156:157] = flag
     block[257:265] = _USTAR_MAGIC
     block[329:337] = _octal(0, 8)  # devmajor
     block[337:345] = _octal(0, 8)  # devminor
-    block[345 : 345 + len(prefix)] = prefix
-    block[148:156] = b"%06o\0 " % _header_sum(memoryview(block), 0)
     return bytes(block)
 
 

@@ -199,10 +199,11 @@ def _loaded(sample: dict) -> dict:
 
 
 def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptions = MemberOptions(),
-                handler: Handler = reraise_exception, map_fn: Callable[[dict], dict | None] | None = None
-                ) -> ShardResult:
+                handler: Handler = reraise_exception, map_fn: Callable[[dict], dict | None] | None = None,
+                checked: bool | None = None) -> ShardResult:
     """Writes ``samples`` (dicts with ``__key__``, fields, and optionally ``__source__``
-    naming the input) as shard ``path``: into ``path.part``, renamed when complete."""
+    naming the input) as shard ``path``: into ``path.part``, renamed when complete.
+    ``checked``: the samples' names were checked already (:func:`check_fields`)."""
     part = path + ".part"
     out = _Output(part)
     starts: list[int] = []
@@ -214,7 +215,7 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
             source = str(sample.get("__source__", key))
             start, kept = out.pos, len(members)
             try:
-                _write_sample(out, sample, key, options, map_fn, members, skipped, source)
+                _write_sample(out, sample, key, options, map_fn, members, skipped, source, checked)
                 if len(members) > kept:
                     starts.append(start)
             except Exception as exn:  # noqa: BLE001 (any failure of one sample: cut it out, then the handler decides)
@@ -243,7 +244,7 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
 
 
 def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, map_fn, members: list,
-                  skipped: list, source: str) -> None:
+                  skipped: list, source: str, checked: bool | None) -> None:
     if map_fn is not None:
         mapped = map_fn(_loaded(sample))
         if mapped is None:
@@ -251,8 +252,8 @@ def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, 
             return
         sample, key = mapped, mapped.get("__key__", key)
     fields = [name for name in sample if not name.startswith("_")]
-    problem = check_fields(key, fields)
-    if problem is not None:
+    problem = check_fields(key, fields) if map_fn is not None or checked is None else None
+    if problem is not None:  # (the writer checked the input's names: only a map's output needs it)
         raise ShardWriteError(problem, key=key if isinstance(key, str) else None, source=source)
     for suffix in fields:
         name = f"{key}.{suffix}"

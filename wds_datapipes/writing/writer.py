@@ -234,7 +234,7 @@ def _start_worker(options: MemberOptions, handler: Handler, map_fn) -> None:
 
 
 def _write_in_worker(shard: int, path: str, samples: list[dict]) -> ShardResult:
-    return write_shard(shard, path, samples, _worker["options"], _worker["handler"], _worker["map_fn"])
+    return write_shard(shard, path, samples, _worker["options"], _worker["handler"], _worker["map_fn"], True)
 
 
 class _Shards:
@@ -260,7 +260,7 @@ class _Shards:
         """Hands on one shard; returns the shards finished meanwhile."""
         self.plans[shard] = plan
         if self.pool is None:
-            return [write_shard(shard, path, samples, self.options, self.handler, self.map_fn)]
+            return [write_shard(shard, path, samples, self.options, self.handler, self.map_fn, True)]
         self.pending.add(self.pool.submit(_write_in_worker, shard, path, samples))
         finished = []
         while len(self.pending) >= 2 * self.workers:
