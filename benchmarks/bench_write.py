@@ -13,7 +13,8 @@ sample its file and its class), timed per round, the median reported:
   taken in the same pass; and ours with the index switched off, for the index's cost.
 
 No run fsyncs (``cp`` does not). Timings on a shared machine move with its load: compare
-ratios from one run.
+ratios from one run. The CPU time per file (user + system, workers and ``cp`` included)
+moves less with the load than the wall time does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -83,6 +85,12 @@ def run_ours_no_index(src: str, dst: str) -> None:
         shard_file.places_of_members, writer.join_index = places, join
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and of its finished children (cp, the workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=4000)
@@ -102,17 +110,21 @@ def main() -> None:
             "ours, 1 process, no index": run_ours_no_index,
         }
         times: dict[str, list[float]] = {name: [] for name in runs}
+        cpu: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(args.rounds):
             for name, run in runs.items():  # interleaved: a change in the machine's load hits every row
                 dst = os.path.join(work, "dst")
+                used = _cpu_seconds()
                 started = time.perf_counter()
                 run(src, dst)
                 times[name].append(time.perf_counter() - started)
+                cpu[name].append(_cpu_seconds() - used)
                 shutil.rmtree(dst)
         median = {name: statistics.median(t) for name, t in times.items()}
         for name, seconds in median.items():
             print(f"{name:28s} {args.files / seconds:8.0f} files/s {total / seconds / 1e6:7.0f} MB/s "
-                  f"(min {args.files / max(times[name]):.0f}, max {args.files / min(times[name]):.0f})")
+                  f"(min {args.files / max(times[name]):.0f}, max {args.files / min(times[name]):.0f}); "
+                  f"CPU {statistics.median(cpu[name]) * 1e6 / args.files:.0f} us/file")
         ours = median["ours, 1 process"]
         print(f"ours 1 process / webdataset: {median['webdataset ShardWriter'] / ours:.2f}x (goal >= 3x)")
         print(f"ours 2 processes / webdataset: {median['webdataset ShardWriter'] / median['ours, 2 processes']:.2f}x")
