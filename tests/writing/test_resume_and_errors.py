@@ -29,7 +29,7 @@ def _run_job(out: Path, workers: int, kill_after: float | None) -> str | None:
     try:
         assert job.stdout.readline().strip() == "go"
         if kill_after is None:
-            out_text, _ = job.communicate(timeout=120)
+            out_text, _ = job.communicate(timeout=400)
             assert job.returncode == 0
             return out_text
         time.sleep(kill_after)
@@ -46,7 +46,7 @@ def _tars(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.glob("*.tar"))}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_a_run_killed_five_times_resumes_to_the_uninterrupted_result(tmp_path):
     """oracle: an uninterrupted run of the same input and settings (its shard bytes, offsets and counts)."""
     from tests.writing.write_job import slow

@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from ..epochs.index import ShardIndex, ShardScan
+from ..epochs.index import ShardIndex, ShardScan, _write_atomically
 from ..errors import ShardWriteError
 
 FORMAT = "wds_datapipes.writer_progress/1"
@@ -89,10 +89,7 @@ class ProgressLog:
 
     def _start(self) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as out:
-            out.write(json.dumps(self.settings.to_json()) + "\n")
-        os.replace(tmp, self.path)
+        _write_atomically(self.path, (json.dumps(self.settings.to_json()) + "\n").encode())
         self._out = open(self.path, "a")  # noqa: SIM115 (held for the run)
 
     def check_plan(self, shard: int, planned: int, first: str, last: str) -> None:
