@@ -146,3 +146,20 @@ def test_a_shard_changed_on_disk_since_it_was_recorded_is_written_again(tmp_path
     (tmp_path / "s-01.tar").write_bytes(first[:1024])
     report = write_shards(samples, str(tmp_path / "s-%02d.tar"), maxcount=5, fsync=False)
     assert report.resumed == 3 and (tmp_path / "s-01.tar").read_bytes() == first
+
+
+@pytest.mark.timeout(300)
+def test_an_error_in_a_worker_process_stops_the_run_naming_the_input_and_a_rerun_completes(tmp_path):
+    """oracle: the planted missing file in the error; then the one-process run's bytes after mending it."""
+    samples = [{"__key__": f"k{i:03d}", "txt": "x" * i} for i in range(40)]
+    late = tmp_path / "late.bin"
+    samples[25] = {"__key__": "k025", "bin": FileBytes(str(late), 5)}
+    with pytest.raises(ShardWriteError, match="late.bin") as caught:
+        write_shards(samples, str(tmp_path / "o/s-%02d.tar"), maxcount=5, workers=2, fsync=False)
+    assert caught.value.key == "k025" and not list((tmp_path / "o").glob("*.part"))
+    assert not (tmp_path / "o/s-05.tar").exists()
+    late.write_bytes(b"later")
+    report = write_shards(samples, str(tmp_path / "o/s-%02d.tar"), maxcount=5, workers=2, fsync=False)
+    assert report.written == 40 and report.resumed >= 1
+    write_shards(samples, str(tmp_path / "ref/s-%02d.tar"), maxcount=5, fsync=False)
+    assert _tars(tmp_path / "o") == _tars(tmp_path / "ref")
