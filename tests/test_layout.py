@@ -21,6 +21,7 @@ ROOMS_BELOW = {
     "decoding": {"basics", "pipes"},
     "epochs": {"basics", "tar", "shards"},
     "loaders": {"basics", "epochs"},
+    "writing": {"basics", "tar", "shards", "decoding", "epochs"},
 }
 TOP = {"wds_datapipes", "wds_datapipes.__main__", "wds_datapipes.cli", "wds_datapipes._retired"}  # may import any room
 

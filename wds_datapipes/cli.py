@@ -1,4 +1,4 @@
-"""The command line: ``python -m wds_datapipes index | inspect | verify``.
+"""The command line: ``python -m wds_datapipes index | inspect | verify | create``.
 
 - ``index URLS -o index.json``: count every shard's samples (and where each starts) into a
   shard index; several shards at a time, a progress bar, and a restart that skips the
@@ -10,12 +10,13 @@
   keys unique; exit status 1 naming the shard and member otherwise. ``verify --cache``
   checks the local shard cache (``$WDS_CACHE_DIR``, or ``--cache-dir``): each complete
   copy's size and CRC-32 as downloaded; a bad copy is removed (it is fetched again).
+- ``create SOURCE -o out/train-%06d.tar``: write shards and their index in one pass from
+  folders, manifests or shards (:mod:`wds_datapipes.writing.command`).
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import sys
@@ -26,12 +27,12 @@ from importlib.metadata import entry_points
 import numpy as np
 
 from .epochs.index import ShardIndex, ShardScan, build_index, check_scan_against, scan_shard
-from .epochs.places import ShardPlaces
 from .errors import WdsError
 from .shards.grouping import group_members
 from .shards.listing import expand_url_spec, resolve_local
 from .shards.openers import open_shard, url_scheme
 from .tar import iter_tar_members
+from .writing.command import add_create_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="also check that no key appears in two shards (holds every key in memory)")
     verify.add_argument("--allow-pipe", action="store_true", help="let the index's URLs be pipe: commands")
     verify.set_defaults(run=_verify)
+    add_create_command(commands)
     return parser
 
 
@@ -167,12 +169,7 @@ def _places_summary(index: ShardIndex, asked: bool) -> str:
 
 
 def _scan_to_json(scan: ShardScan) -> dict:
-    offsets = None
-    if scan.offsets is not None:
-        offsets = base64.b64encode((scan.offsets // 512).astype("<u4").tobytes()).decode()
-    places = None if scan.places is None else scan.places.to_json()
-    return {"url": str.__str__(scan.url), "nsamples": scan.nsamples, "filesize": scan.filesize, "offsets": offsets,
-            "places": places}
+    return scan.to_json()
 
 
 def _read_partial(path: str) -> dict[str, ShardScan]:
@@ -185,11 +182,7 @@ def _read_partial(path: str) -> dict[str, ShardScan]:
                 entry = json.loads(line)
             except ValueError:
                 continue  # a line cut by the interruption
-            offsets = None
-            if entry["offsets"] is not None:
-                offsets = np.frombuffer(base64.b64decode(entry["offsets"]), dtype="<u4").astype(np.int64) * 512
-            places = None if entry.get("places") is None else ShardPlaces.from_json(entry["places"])
-            done[entry["url"]] = ShardScan(entry["url"], entry["nsamples"], entry["filesize"], offsets, places=places)
+            done[entry["url"]] = ShardScan.from_json(entry)
     return done
 
 

@@ -119,5 +119,16 @@ class IndexMismatchError(ShardFormatError):
         WdsError.__init__(self, message)
 
 
+class ShardWriteError(WdsError):
+    """A shard cannot be written, or an input cannot go into one: names the shard, the
+    sample's key and the input (a file, a manifest line) where they are known."""
+
+    def __init__(self, reason: str, *, shard: str | None = None, key: str | None = None, source: str | None = None):
+        self.reason, self.shard, self.key, self.source = reason, shard, key, source
+        where = ", ".join(f"{what} {value!r}" for what, value in (("shard", shard), ("sample", key),
+                                                                  ("input", source)) if value is not None)
+        super().__init__(f"{where}: {reason}" if where else reason)
+
+
 class NoShardsError(WdsError):
     """A shard list, or one worker's or rank's part of it, is empty."""

@@ -57,6 +57,21 @@ def distributed_rank_world() -> tuple[int, int] | None:
     return None
 
 
+def launcher_rank_world() -> tuple[int, int] | None:
+    """(rank, world) as a launcher set them: :func:`distributed_rank_world` (torchrun's
+    ``RANK``/``WORLD_SIZE``), else SLURM's ``SLURM_PROCID``/``SLURM_NTASKS``; None outside both."""
+    found = distributed_rank_world()
+    if found is not None:
+        return found
+    rank, world = os.environ.get("SLURM_PROCID"), os.environ.get("SLURM_NTASKS")
+    if rank is not None and world is not None:
+        try:
+            return int(rank), int(world)
+        except ValueError:
+            raise ValueError(f"SLURM_PROCID={rank!r} / SLURM_NTASKS={world!r} are not integers") from None
+    return None
+
+
 def loader_worker() -> tuple[int, int] | None:
     """(worker id, number of workers) inside a DataLoader worker process, else None."""
     info = torch.utils.data.get_worker_info()

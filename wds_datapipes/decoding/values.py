@@ -152,3 +152,70 @@ TRUSTING_DECODERS: dict[str, Callable[[bytes, bool, Limits], Any]] = {
     **dict.fromkeys(PICKLE_EXTENSIONS, _unpickle),
 }
 
+
+
+# ------------------------------------------------------------ encoders, beside the decoders
+# Keyed by the same suffix tuples as the decoders, so that what is written reads back as
+# what it was (webdataset's writer keeps a second table, which drifted from its reader's).
+
+
+def _text_out(value: Any) -> bytes:
+    return str(value).encode("utf-8")
+
+
+def _int_out(value: Any) -> bytes:
+    if isinstance(value, bool) or int(value) != value:
+        raise ValueError(f"an integer field takes an integer, not {value!r}")
+    return str(int(value)).encode("ascii")
+
+
+def _json_out(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _msgpack_out(value: Any) -> bytes:
+    try:
+        import msgpack
+    except ImportError:
+        raise ImportError("encoding msgpack fields needs the msgpack package: pip install msgpack") from None
+    return msgpack.packb(value)
+
+
+def _cbor_out(value: Any) -> bytes:
+    try:
+        import cbor2
+    except ImportError:
+        raise ImportError("encoding cbor fields needs the cbor2 package: pip install cbor2") from None
+    return cbor2.dumps(value)
+
+
+def _npy_out(value: Any) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array(out, np.asarray(value), allow_pickle=False)
+    return out.getvalue()
+
+
+def _npz_out(value: Any) -> bytes:
+    out = io.BytesIO()
+    np.savez(out, **value) if isinstance(value, dict) else np.savez(out, value)
+    return out.getvalue()
+
+
+def _torch_out(value: Any) -> bytes:
+    out = io.BytesIO()
+    torch.save(value, out)
+    return out.getvalue()
+
+
+SAFE_ENCODERS: dict[str, Callable[[Any], bytes]] = {
+    **dict.fromkeys(_TEXT, _text_out),
+    **dict.fromkeys(_INT, _int_out),
+    **dict.fromkeys(("json", "jsn"), _json_out),
+    **dict.fromkeys(("mp", "msg", "msgpack"), _msgpack_out),
+    "cbor": _cbor_out,
+    "npy": _npy_out,
+    "npz": _npz_out,
+    "pth": _torch_out,
+}
+# Written only when the writer is told allow_pickle=True (readers refuse them by default).
+PICKLE_ENCODERS: dict[str, Callable[[Any], bytes]] = dict.fromkeys(PICKLE_EXTENSIONS, pickle.dumps)

@@ -20,6 +20,7 @@ a run of members sharing a key, ``__meta__`` members and names without a dot lef
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import posixpath
@@ -62,6 +63,24 @@ class ShardScan:
     repeated_keys: list[tuple[str, str]] = field(default_factory=list)  # (key, member)
     keys: list[str] | None = None  # every key, when asked for
     places: ShardPlaces | None = None  # its member places, when asked for
+
+    def to_json(self) -> dict:
+        """A JSON-able form (an interrupted ``index`` or writer run keeps its scans in it)."""
+        offsets = None
+        if self.offsets is not None:
+            offsets = base64.b64encode((self.offsets // OFFSET_UNIT).astype("<u4").tobytes()).decode()
+        places = None if self.places is None else self.places.to_json()
+        return {"url": str.__str__(self.url), "nsamples": self.nsamples, "filesize": self.filesize,
+                "offsets": offsets, "places": places}
+
+    @classmethod
+    def from_json(cls, entry: dict) -> ShardScan:
+        """The scan :meth:`to_json` wrote."""
+        offsets = None
+        if entry["offsets"] is not None:
+            offsets = np.frombuffer(base64.b64decode(entry["offsets"]), dtype="<u4").astype(np.int64) * OFFSET_UNIT
+        places = None if entry.get("places") is None else ShardPlaces.from_json(entry["places"])
+        return cls(entry["url"], entry["nsamples"], entry["filesize"], offsets, places=places)
 
 
 def scan_shard(url: str, keys: bool = False, places: bool = False) -> ShardScan:

@@ -1,0 +1,40 @@
+"""Inputs the writer tests share: in-memory samples and a Pets-like folder of files."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+
+def make_samples(n: int, seed: int = 0) -> list[dict]:
+    """``n`` samples of every common field kind, keys in order, payloads 0-3000 bytes."""
+    rng = random.Random(seed)
+    return [{"__key__": f"s{i:05d}", "bin": rng.randbytes(rng.randrange(0, 3000)), "cls": rng.randrange(10),
+             "txt": f"sample {i} é", "json": {"i": i, "tags": ["a", "b"][: i % 3]},
+             "npy": np.arange(i % 5, dtype=np.int16)} for i in range(n)]
+
+
+def make_pets(root, n: int = 12, seed: int = 0) -> dict[str, bytes]:
+    """A Pets-like tree: images/<k>.jpg, annotations/trimaps/<k>.png, annotations/list.txt."""
+    rng = random.Random(seed)
+    (root / "images").mkdir(parents=True)
+    (root / "annotations" / "trimaps").mkdir(parents=True)
+    files = {}
+    lines = ["#Image CLASS-ID SPECIES BREED ID"]
+    for i in range(n):
+        key = f"{['Abyssinian', 'beagle'][i % 2]}_{i}"
+        files[f"{key}.jpg"] = rng.randbytes(rng.randrange(100, 5000))
+        files[f"{key}.png"] = rng.randbytes(rng.randrange(10, 500))
+        (root / "images" / f"{key}.jpg").write_bytes(files[f"{key}.jpg"])
+        (root / "annotations" / "trimaps" / f"{key}.png").write_bytes(files[f"{key}.png"])
+        lines.append(f"{key} {i % 2 + 1} {i % 2 + 1} {i}")
+    (root / "annotations" / "list.txt").write_text("\n".join(lines) + "\n")
+    (root / "images" / ".DS_Store").write_bytes(b"junk")
+    return files
+
+
+@pytest.fixture
+def samples() -> list[dict]:
+    return make_samples(60)

@@ -1,0 +1,174 @@
+"""write_shards: what it writes reads back everywhere, deterministically, with its index, across ranks."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+
+from tests.writing.conftest import make_samples
+from wds_datapipes import ShardLister
+from wds_datapipes.decoding.encoding import encode_sample
+from wds_datapipes.epochs.exact_epochs import ExactEpochs
+from wds_datapipes.epochs.index import ShardIndex, scan_shard
+from wds_datapipes.writing import FileBytes, join_index, write_shards
+from wds_datapipes.writing.plan import assign_shards, sample_cost
+
+
+def _expected(samples):
+    return [{"__key__": s["__key__"], **encode_sample(s)} for s in samples]
+
+
+def _shards(folder) -> dict[str, bytes]:
+    return {p: (folder / p).read_bytes() for p in sorted(os.listdir(folder)) if p.endswith(".tar")}
+
+
+def _ours(urls):
+    return [{k: v for k, v in s.items() if k != "__url__"}
+            for s in ShardLister([str(u) for u in urls]).load_tar().group_by_key()]
+
+
+def test_written_shards_read_back_identically_by_webdataset_and_our_pipeline(tmp_path, samples):
+    """oracles: webdataset 1.0.2's WebDataset reader, tarfile, and our ShardLister pipeline."""
+    import webdataset as wds
+
+    report = write_shards(samples, str(tmp_path / "out/train-%06d.tar"), maxcount=16)
+    urls = sorted((tmp_path / "out").glob("*.tar"))
+    assert len(urls) == 4 and report.read == report.written == 60 and not report.skipped
+    expected = _expected(samples)
+    theirs = [{k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"}
+              for s in wds.WebDataset([str(u) for u in urls], shardshuffle=False)]
+    assert theirs == expected == _ours(urls)
+    with tarfile.open(urls[0]) as tar:
+        assert tar.getnames()[:5] == ["s00000.bin", "s00000.cls", "s00000.txt", "s00000.json", "s00000.npy"]
+
+
+def test_the_index_written_in_the_same_pass_equals_a_fresh_scan_and_verify_passes(tmp_path, samples):
+    """oracle: scan_shard (the `index` command's reader) over the written shards, and `verify`."""
+    write_shards(samples, str(tmp_path / "out/train-%06d.tar"), maxcount=16)
+    index = ShardIndex.load(str(tmp_path / "out/index.json"))
+    offsets = index.offsets_array()
+    at = 0
+    for shard in range(len(index)):
+        scan = scan_shard(index.url(shard), places=True)
+        assert (index.sizes[shard], index.shards[shard].filesize) == (scan.nsamples, scan.filesize)
+        assert list(offsets[at : at + scan.nsamples]) == list(scan.offsets)
+        assert index.places.has(shard)
+        at += scan.nsamples
+    verify = subprocess.run([sys.executable, "-m", "wds_datapipes", "verify", str(tmp_path / "out/index.json")],
+                            check=False, capture_output=True, text=True, timeout=300)
+    assert verify.returncode == 0, verify.stderr
+
+
+def test_exact_epochs_reads_every_written_sample_from_the_written_index(tmp_path, samples):
+    """oracle: the input samples, encoded (ExactEpochs reads by the member places, no index pass)."""
+    write_shards(samples, str(tmp_path / "out/train-%06d.tar"), maxcount=16)
+    got = {s["__key__"]: {k: v for k, v in s.items() if not k.startswith("__")}
+           for s in ExactEpochs(str(tmp_path / "out/index.json"), batch_size=1, shuffle=False)}
+    assert got == {s["__key__"]: {k: v for k, v in s.items() if k != "__key__"} for s in _expected(samples)}
+
+
+@pytest.mark.timeout(400)
+def test_shards_are_byte_identical_for_1_2_and_4_workers(tmp_path):
+    """oracle: the one-process run's bytes (shards and sample offsets)."""
+    samples = make_samples(90, seed=3)
+    outputs = []
+    for workers in (1, 2, 4):
+        folder = tmp_path / f"w{workers}"
+        write_shards(samples, str(folder / "s-%04d.tar"), maxsize=40_000, workers=workers, fsync=False)
+        outputs.append((_shards(folder), (folder / "index.offsets").read_bytes()))
+    assert len(outputs[0][0]) > 4
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_maxsize_and_maxcount_bound_each_shard(tmp_path):
+    """oracle: os.stat of each shard, and the plan's rule (a lone sample may pass maxsize)."""
+    samples = make_samples(80, seed=5)
+    write_shards(samples, str(tmp_path / "s-%04d.tar"), maxsize=30_000, maxcount=9, fsync=False)
+    index = ShardIndex.load(str(tmp_path / "index.json"))
+    assert index.total == 80 and max(index.sizes) <= 9
+    for shard in range(len(index)):
+        assert index.sizes[shard] == 1 or os.path.getsize(index.url(shard)) <= 30_000
+
+
+def test_plan_assigns_by_count_and_bytes_like_a_slow_model():
+    """oracle: a slow model of the rule (close a shard before the sample that would overflow it)."""
+    import random
+
+    rng = random.Random(1)
+    for _ in range(200):
+        costs = [rng.randrange(1, 100) for _ in range(rng.randrange(0, 40))]
+        maxcount, maxsize = rng.choice([None, 1, 3, 7]), rng.choice([None, 50, 150, 400])
+        model, shard, count, size = [], 0, 0, 1024  # the end blocks
+        for cost in costs:
+            full = (maxcount and count == maxcount) or (maxsize and size + cost > maxsize)
+            if count and full:
+                shard, count, size = shard + 1, 0, 1024
+            model.append(shard)
+            count, size = count + 1, size + cost
+        assert list(assign_shards(costs, maxcount, maxsize)) == model
+    assert sample_cost("k", [("jpg", 1), ("cls", 512)]) == 512 + 512 + 512 + 512
+
+
+def test_two_ranks_write_disjoint_shards_that_join_into_the_one_rank_result(tmp_path):
+    """oracle: the same input written by one rank (same shards, same bytes, same index order)."""
+    samples = make_samples(70, seed=2)
+    write_shards(samples, str(tmp_path / "one/s-%04d.tar"), maxcount=8, fsync=False)
+    reports = [write_shards(samples, str(tmp_path / "two/s-%04d.tar"), maxcount=8, rank=r, world=2, fsync=False)
+               for r in range(2)]
+    assert reports[0].written + reports[1].written == 70 and reports[0].index is None
+    joined = join_index(str(tmp_path / "two/index.json"), 2)
+    assert _shards(tmp_path / "one") == _shards(tmp_path / "two")
+    assert joined.total == 70 and list(joined.sizes) == list(ShardIndex.load(str(tmp_path / "one/index.json")).sizes)
+    assert ((tmp_path / "one/index.offsets").read_bytes() == (tmp_path / "two/index.offsets").read_bytes())
+
+
+def test_joining_before_every_rank_finished_names_the_missing_rank(tmp_path):
+    """oracle: the rule that a join needs every rank's end line."""
+    from wds_datapipes.errors import ShardWriteError
+
+    write_shards(make_samples(20), str(tmp_path / "s-%04d.tar"), maxcount=4, rank=0, world=3, fsync=False)
+    with pytest.raises(ShardWriteError, match="rank 1 of 3"):
+        join_index(str(tmp_path / "index.json"), 3)
+
+
+def test_files_are_copied_into_the_shard_byte_for_byte(tmp_path):
+    """oracle: the files' own bytes, read back with tarfile."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, size in enumerate([0, 1, 511, 512, 513, 70_000]):
+        path = tmp_path / f"in{i}.bin"
+        path.write_bytes(rng.bytes(size))
+        paths.append(path)
+    write_shards([{"__key__": f"k{i}", "bin": FileBytes(str(p))} for i, p in enumerate(paths)],
+                 str(tmp_path / "out/s-%02d.tar"))
+    with tarfile.open(tmp_path / "out/s-00.tar") as tar:
+        assert [tar.extractfile(m).read() for m in tar] == [p.read_bytes() for p in paths]
+
+
+def test_a_map_function_runs_in_the_workers_and_its_output_is_written(tmp_path):
+    """oracle: the map applied by hand to the input, in one process."""
+    samples = make_samples(30)
+    write_shards(samples, str(tmp_path / "a/s-%02d.tar"), maxcount=5, workers=2, map=_upper_txt, fsync=False)
+    got = _ours(sorted((tmp_path / "a").glob("*.tar")))
+    assert got == _expected([_upper_txt(s) for s in samples if int(s["__key__"][1:]) % 7])
+
+
+def _upper_txt(sample):
+    if int(sample["__key__"][1:]) % 7 == 0:
+        return None  # left out, and reported
+    return {**sample, "txt": sample["txt"].upper()}
+
+
+def test_no_part_file_is_left_and_the_shards_are_complete_archives(tmp_path, samples):
+    """oracle: tarfile reads each shard to its end."""
+    write_shards(samples, str(tmp_path / "s-%02d.tar"), maxcount=7)
+    assert not list(tmp_path.glob("*.part"))
+    for shard in tmp_path.glob("*.tar"):
+        with tarfile.open(fileobj=io.BytesIO(shard.read_bytes())) as tar:
+            assert len(tar.getmembers()) % 5 == 0

@@ -1,0 +1,149 @@
+"""``python -m wds_datapipes create``: folders, manifests or shards in, indexed shards out.
+
+The command's arguments, its input readers (:mod:`.sources`), a progress bar with
+samples/s and bytes/s, and the report at the end (every skipped input with its reason).
+Rank and world come from ``--rank``/``--world``, else from the launcher's environment
+(torchrun, SLURM: :func:`~wds_datapipes.topology.launcher_rank_world`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator
+
+from ..handlers import ignore_and_continue, reraise_exception
+from ..topology import launcher_rank_world
+from .progress import join_index
+from .sources import folder_samples, imagefolder_samples, manifest_samples, shard_samples
+from .writer import write_shards
+
+LAYOUTS = ("auto", "folder", "imagefolder", "manifest", "shards")
+
+
+def add_create_command(commands) -> None:
+    """Adds ``create`` to the command line's subcommands."""
+    create = commands.add_parser(
+        "create", help="write indexed shards from folders, manifests or shards",
+        description="Convert a folder tree (files grouped by basename, e.g. images/*.jpg + annotations/*.png), "
+        "an ImageFolder tree (subfolders are classes), a JSONL/CSV manifest, or existing shards (reshard, "
+        "filter by key) into tar shards and their index (index.json with sample offsets and member places) in "
+        "one pass. Deterministic; an interrupted run continues where it stopped when run again.",
+    )
+    create.add_argument("sources", nargs="+", metavar="SOURCE", help="a folder, a manifest (.jsonl/.csv), or shard URLs")
+    create.add_argument("-o", "--output", required=True, help="the shards' pattern, e.g. out/train-%%06d.tar")
+    create.add_argument("--layout", choices=LAYOUTS, default="auto", help="how to read SOURCE (default: guess)")
+    create.add_argument("--maxcount", type=int, help="most samples per shard")
+    create.add_argument("--maxsize", type=_size, help="most bytes per shard (e.g. 1G, 500M)")
+    create.add_argument("-j", "--workers", type=int, default=1, help="worker processes (default 1)")
+    create.add_argument("--index", help="the index to write (default: index.json beside the shards)")
+    create.add_argument("--fields", help="a list file of more fields per key ('key v1 v2 ...', # comments)")
+    create.add_argument("--field-names", default="cls", help="names of the list file's columns after the key")
+    create.add_argument("--extensions", help="only files with these suffixes (comma-separated), folder layout")
+    create.add_argument("--require", default="", help="fields every sample must have (comma-separated)")
+    create.add_argument("--keys", help="shards layout: only keys matching this glob")
+    create.add_argument("--skip-bad", action="store_true", help="skip bad inputs (listed at the end) "
+                        "instead of stopping at the first")
+    create.add_argument("--rank", type=int, help="this machine's rank (default: torchrun's or SLURM's)")
+    create.add_argument("--world", type=int, help="how many machines write (default: torchrun's or SLURM's)")
+    create.add_argument("--join", action="store_true", help="only join the ranks' finished records into the index")
+    create.add_argument("--restart", action="store_true", help="ignore an interrupted run's progress")
+    create.add_argument("--no-fsync", action="store_true", help="do not sync shards to disk before renaming")
+    create.add_argument("--quiet", action="store_true", help="no progress bar")
+    create.set_defaults(run=run_create)
+
+
+def _size(text: str) -> int:
+    units = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+    text = text.strip().lower().removesuffix("b")
+    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+
+
+def _layout(args: argparse.Namespace) -> str:
+    if args.layout != "auto":
+        return args.layout
+    first = args.sources[0]
+    if first.endswith((".jsonl", ".json", ".csv")):
+        return "manifest"
+    if not os.path.isdir(first) or any(name.endswith((".tar", ".tgz", ".tar.gz")) for name in os.listdir(first)):
+        return "shards"
+    entries = [e for e in os.scandir(first) if not e.name.startswith(".")]
+    if entries and all(e.is_dir() for e in entries) and args.fields is None and args.extensions is None:
+        subfolders = [os.listdir(e.path) for e in entries]
+        if all(all(not os.path.isdir(os.path.join(e.path, n)) for n in names) for e, names in zip(entries, subfolders)):
+            return "imagefolder"
+    return "folder"
+
+
+def _samples(args: argparse.Namespace, layout: str) -> Iterator[dict]:
+    if layout == "shards":
+        return shard_samples(args.sources, keys=args.keys)
+    if len(args.sources) != 1:
+        raise ValueError(f"the {layout} layout reads one SOURCE, not {len(args.sources)}")
+    source = args.sources[0]
+    if layout == "manifest":
+        return manifest_samples(source)
+    if layout == "imagefolder":
+        return imagefolder_samples(source)
+    names = [n for n in args.field_names.split(",") if n]
+    extensions = None if args.extensions is None else args.extensions.split(",")
+    return folder_samples(source, extensions=extensions, fields_file=args.fields, field_names=names)
+
+
+def run_create(args: argparse.Namespace) -> int:
+    found = launcher_rank_world() or (0, 1)
+    rank = args.rank if args.rank is not None else found[0]
+    world = args.world if args.world is not None else found[1]
+    index = args.index or os.path.join(os.path.dirname(args.output) or ".", "index.json")
+    if args.join:
+        joined = join_index(index, world)
+        print(f"{index}: {len(joined)} shards, {joined.total} samples", file=sys.stderr)
+        return 0
+    layout = _layout(args)
+    with _Bar(args.quiet) as bar:
+        report = write_shards(
+            _samples(args, layout), args.output, maxcount=args.maxcount, maxsize=args.maxsize, index=index,
+            workers=args.workers, handler=ignore_and_continue if args.skip_bad else reraise_exception,
+            require=[n for n in args.require.split(",") if n], rank=rank, world=world, restart=args.restart,
+            fsync=not args.no_fsync, progress=bar.advance)
+    print(f"{layout} {' '.join(args.sources)} -> {args.output} (rank {rank} of {world})", file=sys.stderr)
+    print(report.summary(), file=sys.stderr)
+    if report.index is not None:
+        print(f"{index}: {len(report.index)} shards, {report.index.total} samples", file=sys.stderr)
+    elif world > 1:
+        print(f"when every rank has finished: python -m wds_datapipes create --join --world {world} "
+              f"-o {args.output} {' '.join(args.sources)}", file=sys.stderr)
+    return 0
+
+
+class _Bar:
+    """A tqdm bar of samples (with samples/s and MB/s) on stderr, where tqdm is installed."""
+
+    def __init__(self, quiet: bool):
+        self.bar = None
+        self.bytes = 0
+        if not quiet:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(unit="sample", file=sys.stderr, delay=1.0, leave=False, smoothing=0.1)
+            except ImportError:
+                pass
+
+    def advance(self, samples: int, nbytes: int) -> None:
+        self.bytes += nbytes
+        if self.bar is not None:
+            self.bar.update(samples)
+            rate = self.bytes / max(self.bar.format_dict["elapsed"], 1e-9)
+            self.bar.set_postfix_str(f"{rate / 1e6:.1f} MB/s", refresh=False)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+__all__ = ["add_create_command", "run_create"]

@@ -1,0 +1,279 @@
+"""Writing one shard: its samples' members into ``<name>.part``, then a rename; its index in the same pass.
+
+A field whose value is a :class:`FileBytes` is copied by the OS from its file into the
+shard (``os.copy_file_range``, else ``os.sendfile``): its bytes never pass through Python
+objects. Other values are encoded by suffix (:func:`~wds_datapipes.decoding.encoding.encode_value`).
+While members are written, the shard's scan is filled: where each sample starts, and each
+member's data offset and size (its places), so no second read of the shard is needed.
+
+A sample that fails half-way (an unreadable file, a value with no encoder, a name the
+readers would split into another key) is cut back out of the shard: the shard holds
+whole samples only. Then the handler decides: raise (the ``.part`` file is removed), or
+skip it, recorded with its reason.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..decoding.encoding import encode_value
+from ..epochs.index import ShardScan
+from ..epochs.places import places_of_members, stat_stamp
+from ..errors import ShardWriteError
+from ..handlers import Handler, reraise_exception
+from ..shards.grouping import split_key
+from ..tar.build import END, member_header, padding
+
+_FLUSH_AT = 1 << 20
+PROBLEMS = "__problems__"  # an input reader's reasons why a sample cannot be written
+_COPY_CHUNK = 1 << 30
+
+
+class FileBytes(NamedTuple):
+    """A field whose bytes are the file at ``path`` (its ``size``, where known, plans shards by bytes)."""
+
+    path: str
+    size: int | None = None
+
+
+def name_problem(key: object, suffix: str) -> str | None:
+    """Why ``key.suffix`` would not read back as this key and suffix, or None where it does.
+
+    The readers split a member name at the first dot of its last path part
+    (:func:`~wds_datapipes.shards.grouping.split_key`), so a key with a dot there, an empty
+    key or suffix, or a ``__meta__`` name would come back as another sample or none.
+    """
+    if not isinstance(key, str) or not key:
+        return f"the key must be a non-empty string, not {key!r}"
+    if not suffix:
+        return "an empty field name"
+    if split_key(f"{key}.{suffix}") != (key, suffix.lower()):
+        base = key.rsplit("/", 1)[-1]
+        if "." in base:
+            return (f"the key {key!r} has a dot in its last part: readers would split the member "
+                    f"{key}.{suffix!s} into the key {split_key(f'{key}.{suffix}')[0]!r}")
+        return f"the member name {key}.{suffix} would not read back as key {key!r}, field {suffix.lower()!r}"
+    return None
+
+
+def check_fields(key: object, suffixes: list[str]) -> str | None:
+    """Why a sample with ``key`` and these field names cannot be written, or None."""
+    if not suffixes:
+        return "the sample has no fields"
+    seen: set[str] = set()
+    for suffix in suffixes:
+        problem = name_problem(key, suffix)
+        if problem is not None:
+            return problem
+        if suffix.lower() in seen:
+            return f"two fields named {suffix.lower()!r} (field names are compared lowercased)"
+        seen.add(suffix.lower())
+    return None
+
+
+@dataclass(frozen=True)
+class MemberOptions:
+    """How members are written: header mtime and mode, pickles, fsync before the rename."""
+
+    mtime: int = 0
+    mode: int = 0o444
+    allow_pickle: bool = False
+    fsync: bool = True
+
+
+@dataclass
+class ShardResult:
+    """What writing one shard did: its scan (offsets and places), samples written, skips."""
+
+    shard: int
+    scan: ShardScan
+    written: int
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (input, why)
+
+
+class _Output:
+    """A shard file written through one fd: small writes gathered, files copied by the OS."""
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.pos = 0  # bytes written, buffered ones included
+        self.flushed = 0
+        self.buffer = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+        self.pos += len(data)
+        if len(self.buffer) >= _FLUSH_AT:
+            self.flush()
+
+    def flush(self) -> None:
+        with memoryview(self.buffer) as whole:
+            view = whole
+            while view:
+                view = view[os.write(self.fd, view):]
+            view.release()
+        self.flushed = self.pos
+        self.buffer.clear()
+
+    def copy_file(self, name: str, path: str, options: MemberOptions) -> tuple[int, int]:
+        """Writes a member holding the file at ``path``; (its data offset, its size)."""
+        source = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(source).st_size
+            self.write(member_header(name, size, mtime=options.mtime, mode=options.mode))
+            self.flush()
+            at = self.pos
+            left = size
+            while left:
+                copied = _copy(source, self.fd, left)
+                if copied == 0:
+                    raise OSError(errno.EIO, f"the file ended {left} bytes short of its size {size} "
+                                             "(changed while it was copied)")
+                left -= copied
+                self.pos += copied
+                self.flushed = self.pos
+            self.write(padding(size))
+            return at, size
+        finally:
+            os.close(source)
+
+    def cut_back(self, to: int) -> None:
+        """Forgets everything written from byte ``to`` on (a sample that failed half-way)."""
+        if to >= self.flushed:
+            del self.buffer[to - self.flushed:]
+        else:
+            self.buffer.clear()
+            os.ftruncate(self.fd, to)
+            os.lseek(self.fd, to, os.SEEK_SET)
+            self.flushed = to
+        self.pos = to
+
+    def close(self, fsync: bool) -> None:
+        self.flush()
+        if fsync:
+            os.fsync(self.fd)
+        os.close(self.fd)
+
+
+_copy_way: list[str] = ["copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"]
+
+
+def _copy(source: int, target: int, count: int) -> int:
+    """Copies up to ``count`` bytes from the current offset of ``source`` to ``target``'s, by the OS."""
+    count = min(count, _COPY_CHUNK)
+    if _copy_way[0] == "copy_file_range":
+        try:
+            return os.copy_file_range(source, target, count)
+        except OSError as exn:
+            if exn.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF):
+                raise
+            _copy_way[0] = "sendfile"  # across file systems on old kernels, or not supported here
+    if _copy_way[0] == "sendfile":
+        try:
+            return os.sendfile(target, source, None, count)
+        except OSError as exn:
+            if exn.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            _copy_way[0] = "read"
+    data = os.read(source, min(count, 1 << 20))
+    view = memoryview(data)
+    while view:
+        view = view[os.write(target, view):]
+    return len(data)
+
+
+def _loaded(sample: dict) -> dict:
+    """The sample with each FileBytes field read into bytes (for a user's map function)."""
+    out = dict(sample)
+    for name, value in sample.items():
+        if isinstance(value, FileBytes):
+            with open(value.path, "rb") as stream:
+                out[name] = stream.read()
+    return out
+
+
+def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptions = MemberOptions(),
+                handler: Handler = reraise_exception, map_fn: Callable[[dict], dict | None] | None = None,
+                checked: bool | None = None) -> ShardResult:
+    """Writes ``samples`` (dicts with ``__key__``, fields, and optionally ``__source__``
+    naming the input) as shard ``path``: into ``path.part``, renamed when complete.
+    ``checked``: the samples' names were checked already (:func:`check_fields`)."""
+    part = path + ".part"
+    out = _Output(part)
+    starts: list[int] = []
+    members: list[tuple[str, int, int]] = []
+    skipped: list[tuple[str, str]] = []
+    try:
+        for sample in samples:
+            key = sample.get("__key__")
+            source = str(sample.get("__source__", key))
+            start, kept = out.pos, len(members)
+            try:
+                _write_sample(out, sample, key, options, map_fn, members, skipped, source, checked)
+                if len(members) > kept:
+                    starts.append(start)
+            except Exception as exn:  # noqa: BLE001 (any failure of one sample: cut it out, then the handler decides)
+                out.cut_back(start)
+                del members[kept:]
+                error = exn if isinstance(exn, ShardWriteError) else ShardWriteError(
+                    f"{type(exn).__name__}: {exn}", shard=path, key=key if isinstance(key, str) else None,
+                    source=source)
+                handler(error)
+                skipped.append((source, error.reason or str(error)))
+        out.write(END)
+        out.close(options.fsync)
+    except BaseException:
+        if out.fd >= 0:
+            try:
+                os.close(out.fd)
+            except OSError:
+                pass
+        _remove(part)
+        raise
+    stamp = stat_stamp(os.stat(part))
+    os.replace(part, path)  # the atomic publish: a reader sees the whole shard or none
+    scan = ShardScan(path, len(starts), stamp[0], np.asarray(starts, dtype=np.int64),
+                     places=places_of_members(path, members, stamp))
+    return ShardResult(shard, scan, len(starts), skipped)
+
+
+def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, map_fn, members: list,
+                  skipped: list, source: str, checked: bool | None) -> None:
+    if map_fn is not None:
+        mapped = map_fn(_loaded(sample))
+        if mapped is None:
+            skipped.append((source, "left out by the map function"))
+            return
+        sample, key = mapped, mapped.get("__key__", key)
+    fields = [name for name in sample if not name.startswith("_")]
+    problem = check_fields(key, fields) if map_fn is not None or checked is None else None
+    if problem is not None:  # (the writer checked the input's names: only a map's output needs it)
+        raise ShardWriteError(problem, key=key if isinstance(key, str) else None, source=source)
+    for suffix in fields:
+        name = f"{key}.{suffix}"
+        value = sample[suffix]
+        if isinstance(value, FileBytes):
+            at, size = out.copy_file(name, value.path, options)
+        else:
+            data = encode_value(suffix, value, allow_pickle=options.allow_pickle)
+            out.write(member_header(name, len(data), mtime=options.mtime, mode=options.mode))
+            at, size = out.pos, len(data)
+            out.write(data)
+            out.write(padding(len(data)))
+        members.append((name, at, size))
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+__all__ = ["FileBytes", "MemberOptions", "ShardResult", "check_fields", "name_problem", "write_shard"]

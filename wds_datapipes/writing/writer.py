@@ -1,0 +1,282 @@
+"""``write_shards``: sample dicts in, indexed tar shards out, in parallel and resumable.
+
+The parent reads the input once, checks each sample (its key and field names, required
+fields, keys seen twice), plans which shard it goes to (:mod:`.plan`: by count and
+bytes, the same for any number of workers) and hands each of its rank's shards, whole,
+to one worker process (or writes it itself with ``workers=1``): a sample goes to one
+worker only, through a queue holding at most two shards per worker. Each shard is
+written to ``<name>.part`` and renamed when complete, with its offsets and member places
+taken in the same pass (:mod:`.shard_file`), and recorded in the progress log
+(:mod:`.progress`); a run started again writes only the shards the log does not hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..epochs.index import ShardIndex
+from ..errors import ShardWriteError
+from ..handlers import Handler, reraise_exception
+from .plan import assign_shards, sample_cost, writes_shard
+from .progress import ProgressLog, WriterSettings, join_index, progress_path
+from .shard_file import PROBLEMS, FileBytes, MemberOptions, ShardResult, check_fields, write_shard
+
+logger = logging.getLogger("wds_datapipes")
+
+
+@dataclass
+class WriteReport:
+    """What a run (of one rank) did: inputs read, samples written, inputs skipped and why.
+
+    ``read == written + len(skipped)`` always; shards complete before a resume count too.
+    """
+
+    read: int = 0
+    written: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (input, why)
+    shards: int = 0  # shards of this rank, complete
+    resumed: int = 0  # of them, complete before this run started
+    bytes: int = 0
+    seconds: float = 0.0
+    index: ShardIndex | None = None  # the joined index (None for a rank that did not join)
+
+    def summary(self) -> str:
+        """A few lines for people: counts, rate, and every skipped input with its reason."""
+        rate = self.written / self.seconds if self.seconds else 0.0
+        lines = [(f"read {self.read} samples: wrote {self.written}, skipped {len(self.skipped)}; "
+                  f"{self.shards} shards ({self.resumed} from an earlier run), {self.bytes / 1e6:.1f} MB, "
+                  f"{rate:.0f} samples/s")]
+        lines += [f"  skipped {source}: {why}" for source, why in self.skipped]
+        return "\n".join(lines)
+
+
+def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None = None,
+                 maxsize: int | None = None, index: str | None = None, workers: int = 1,
+                 map: Callable[[dict], dict | None] | None = None, handler: Handler = reraise_exception,
+                 require: Sequence[str] = (), rank: int = 0, world: int = 1, mtime: int = 0, mode: int = 0o444,
+                 allow_pickle: bool = False, fsync: bool = True, restart: bool = False, join: bool | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> WriteReport:
+    """Writes ``samples`` into shards named ``pattern % n`` with their index; returns a :class:`WriteReport`.
+
+    Args:
+        samples: dicts with ``__key__`` and fields (bytes, str, numbers, arrays, images, ...:
+            encoded by suffix, see :mod:`wds_datapipes.decoding.encoding`; a
+            :class:`FileBytes` is copied from its file by the OS); ``__source__``, where
+            given, names the input in errors and in the report.
+        pattern: the shards' paths, e.g. ``"out/train-%06d.tar"``.
+        maxcount, maxsize: a shard's most samples, most bytes (judged by the input's sizes,
+            before ``map``).
+        index: the index to write (default: ``index.json`` beside the shards).
+        workers: processes writing shards at once (1: this process).
+        map: a function applied to each sample in the workers (decode-check, resize,
+            re-encode); returning None leaves the sample out (reported). Its output is written.
+        handler: for a bad input (an unreadable file, a missing required field, a key seen
+            twice, a name that would read back as another key): raise (the default), or a
+            skip (``warn_and_continue``), listed in the report.
+        require: field names each sample must have.
+        rank, world: this process's part of a multi-machine run: it writes shards
+            ``n % world == rank``. The index is joined once every rank has finished
+            (``join_index``, or ``join=True`` on the last).
+        mtime, mode: the members' header fields (deterministic defaults).
+        fsync: sync each shard to disk before its rename (a machine that goes down then
+            never leaves a renamed shard with missing bytes).
+        restart: ignore an interrupted run's progress and write everything again.
+        join: write the index when this rank is done; default: when ``world == 1``.
+        progress: called with (samples, bytes) after each shard.
+    """
+    started = time.monotonic()
+    index = index or os.path.join(os.path.dirname(pattern) or ".", "index.json")
+    settings = WriterSettings(pattern, maxcount, maxsize, rank, world, mtime, mode, allow_pickle,
+                              None if map is None else f"{map.__module__}.{map.__qualname__}")
+    os.makedirs(os.path.dirname(pattern) or ".", exist_ok=True)
+    log = ProgressLog(progress_path(index, rank, world), settings, restart)
+    options = MemberOptions(mtime, mode, allow_pickle, fsync)
+    report = WriteReport()
+    try:
+        with _Shards(workers, options, handler, map) as pool:
+            total = _run(samples, settings, require, handler, log, pool, report, progress)
+            for result in pool.drain():
+                _record(log, report, result, pool.plans.pop(result.shard), progress)
+        log.end(total)
+    finally:
+        log.close()
+    if join if join is not None else world == 1:
+        report.index = join_index(index, world)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[str], handler: Handler,
+         log: ProgressLog, pool: _Shards, report: WriteReport, progress) -> int:
+    """Plans every sample and hands this rank's shards to the pool; the plan's shard count."""
+    current: list[dict] = []
+    shard = -1
+    skips: list[tuple[int, str, str]] = []  # (shard being filled, input, why)
+    checked = _checked(samples, require, handler, skips, lambda: max(shard, 0))
+    first, second = itertools.tee(checked)
+    for (sample, _), number in zip(first, assign_shards((cost for _, cost in second), settings.maxcount,
+                                                        settings.maxsize)):
+        if number != shard:
+            if current:
+                _dispatch(shard, current, settings, log, pool, report, progress)
+            shard, current = number, []
+        if writes_shard(number, settings.rank, settings.world):
+            current.append(sample)
+        else:
+            current.append(None)  # another rank's: only counted
+    if current:
+        _dispatch(shard, current, settings, log, pool, report, progress)
+    for number, source, why in skips:
+        if writes_shard(number, settings.rank, settings.world):
+            report.read += 1
+            report.skipped.append((source, why))
+    return shard + 1
+
+
+def _checked(samples: Iterable[dict], require: Sequence[str], handler: Handler,
+             skips: list[tuple[int, str, str]], filling: Callable[[], int]) -> Iterator[tuple[dict, int]]:
+    """(sample, planned bytes) of each input that passes the checks; the others go to the handler."""
+    seen: set[str] = set()
+    for sample in samples:
+        key = sample.get("__key__")
+        source = str(sample.get("__source__", key))
+        try:
+            fields = [name for name in sample if not name.startswith("_")]
+            problem = "; ".join(sample[PROBLEMS]) if sample.get(PROBLEMS) else check_fields(key, fields)
+            missing = [name for name in require if name not in sample]
+            if problem is None and missing:
+                problem = f"the required field(s) {missing} are missing (it has {fields})"
+            if problem is None and key in seen:
+                problem = "its key was seen before (keys must be unique: readers would merge or repeat them)"
+            if problem is not None:
+                raise ShardWriteError(problem, key=key if isinstance(key, str) else None, source=source)
+            cost = sample_cost(key, [(name, _size(sample[name])) for name in fields])
+        except (ShardWriteError, OSError) as exn:
+            error = exn if isinstance(exn, ShardWriteError) else ShardWriteError(
+                f"{type(exn).__name__}: {exn}", key=key if isinstance(key, str) else None, source=source)
+            handler(error)
+            skips.append((filling(), source, error.reason or str(error)))
+            continue
+        seen.add(key)
+        yield sample, cost
+
+
+def _size(value: object) -> int:
+    """A field's planned size: exact for bytes, text, files, integers, arrays and JSON;
+    a guess for other values (images to encode: their pixels' bytes)."""
+    if isinstance(value, FileBytes):
+        return value.size if value.size is not None else os.stat(value.path).st_size
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(value)
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogateescape"))
+    if isinstance(value, int):
+        return len(str(value))
+    if isinstance(value, np.ndarray):
+        return value.nbytes + 128  # an npy header (version 1, small shapes)
+    if isinstance(value, (dict, list)):
+        try:
+            return len(json.dumps(value, sort_keys=True, separators=(",", ":")).encode())
+        except (TypeError, ValueError):
+            return 64
+    return int(getattr(value, "nbytes", 64))
+
+
+def _dispatch(shard: int, samples: list[dict | None], settings: WriterSettings, log: ProgressLog, pool: _Shards,
+              report: WriteReport, progress) -> None:
+    """Writes (or hands on) one planned shard of this rank; another rank's is passed by."""
+    if not writes_shard(shard, settings.rank, settings.world):
+        return
+    plan = (len(samples), samples[0]["__key__"], samples[-1]["__key__"])
+    if shard in log.done:
+        log.check_plan(shard, *plan)
+        entry = log.done[shard]
+        report.read += entry["planned"]
+        report.written += entry["written"]
+        report.skipped += [tuple(s) for s in entry["skipped"]]
+        report.shards += 1
+        report.resumed += 1
+        report.bytes += entry["scan"]["filesize"]
+        return
+    for result in pool.submit(shard, settings.pattern % shard, samples, plan):
+        _record(log, report, result, pool.plans.pop(result.shard), progress)
+
+
+def _record(log: ProgressLog, report: WriteReport, result: ShardResult, plan: tuple[int, str, str],
+            progress) -> None:
+    log.record(result.shard, *plan, result.written, result.skipped, result.scan)
+    report.read += plan[0]
+    report.written += result.written
+    report.skipped += result.skipped
+    report.shards += 1
+    report.bytes += result.scan.filesize or 0
+    if progress is not None:
+        progress(plan[0], result.scan.filesize or 0)
+
+
+# ------------------------------------------------------------ the workers
+
+_worker: dict = {}
+
+
+def _start_worker(options: MemberOptions, handler: Handler, map_fn) -> None:
+    _worker.update(options=options, handler=handler, map_fn=map_fn)
+
+
+def _write_in_worker(shard: int, path: str, samples: list[dict]) -> ShardResult:
+    return write_shard(shard, path, samples, _worker["options"], _worker["handler"], _worker["map_fn"], True)
+
+
+class _Shards:
+    """Writes shards here (one worker) or in worker processes, at most two queued per worker."""
+
+    def __init__(self, workers: int, options: MemberOptions, handler: Handler, map_fn):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, not {workers}")
+        self.workers, self.options, self.handler, self.map_fn = workers, options, handler, map_fn
+        self.plans: dict[int, tuple[int, str, str]] = {}
+        self.pending: set[Future] = set()
+        self.pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self):
+        if self.workers > 1:
+            methods = multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,
+                                            initargs=(self.options, self.handler, self.map_fn))
+        return self
+
+    def submit(self, shard: int, path: str, samples: list[dict], plan: tuple[int, str, str]) -> list[ShardResult]:
+        """Hands on one shard; returns the shards finished meanwhile."""
+        self.plans[shard] = plan
+        if self.pool is None:
+            return [write_shard(shard, path, samples, self.options, self.handler, self.map_fn, True)]
+        self.pending.add(self.pool.submit(_write_in_worker, shard, path, samples))
+        finished = []
+        while len(self.pending) >= 2 * self.workers:
+            done, self.pending = wait(self.pending, return_when=FIRST_COMPLETED)
+            finished += [future.result() for future in done]
+        return finished
+
+    def drain(self) -> Iterator[ShardResult]:
+        while self.pending:
+            done, self.pending = wait(self.pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield future.result()
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["FileBytes", "WriteReport", "write_shards"]
