@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import random
+import shutil
 import signal
+import subprocess
 import tarfile
 
 BLOCK = 512
@@ -127,10 +130,13 @@ def _octal12(n: int) -> bytes:
     return b"%011o\0" % n
 
 
-def sparse_member(version: str, name: str, pieces: list[tuple[int, bytes]], real_size: int) -> bytes:
+def sparse_member(version: str, name: str, pieces: list[tuple[int, bytes]], real_size: int,
+                  size_record: bool = False) -> bytes:
     """A sparse member (its headers and data) as GNU tar writes it in ``version``'s format.
 
     ``pieces`` are (offset, bytes) in order; the holes between them read as zeros.
+    ``size_record`` (PAX versions): the stored size goes into a PAX ``size`` record, as GNU
+    tar writes it for 8 GiB or more, and the ustar size field holds 0.
     """
     stored = b"".join(data for _, data in pieces)
     spans = [(offset, len(data)) for offset, data in pieces]
@@ -150,19 +156,73 @@ def sparse_member(version: str, name: str, pieces: list[tuple[int, bytes]], real
             extension[504] = 1 if rest else 0
             out += bytes(extension)
         return out + padded(stored)
+    def with_size(records: list[tuple[str, str]], data: bytes, name: str) -> bytes:
+        ustar = tarfile.USTAR_FORMAT  # as GNU tar's posix format: it reads PAX records only before these
+        if size_record:
+            return pax_header([*records, ("size", str(len(data)))]) + header(name, 0, fmt=ustar) + padded(data)
+        return pax_header(records) + header(name, len(data), fmt=ustar) + padded(data)
+
     if version == "PAX 0.0":
         records = [("GNU.sparse.size", str(real_size)), ("GNU.sparse.numblocks", str(len(spans)))]
         for offset, length in spans:
             records += [("GNU.sparse.offset", str(offset)), ("GNU.sparse.numbytes", str(length))]
-        return pax_header(records) + header(name, len(stored)) + padded(stored)
+        return with_size(records, stored, name)
     if version == "PAX 0.1":
         records = [("GNU.sparse.size", str(real_size)), ("GNU.sparse.numblocks", str(len(spans))),
                    ("GNU.sparse.map", ",".join(f"{o},{n}" for o, n in spans))]
-        return pax_header(records) + header(name, len(stored)) + padded(stored)
+        return with_size(records, stored, name)
     if version == "PAX 1.0":
         records = [("GNU.sparse.major", "1"), ("GNU.sparse.minor", "0"), ("GNU.sparse.name", name),
                    ("GNU.sparse.realsize", str(real_size))]
         sparse_map = padded(b"".join(b"%d\n" % n for n in [len(spans), *(x for span in spans for x in span)]))
-        data = sparse_map + stored
-        return pax_header(records) + header(f"./GNUSparseFile.0/{name}"[:99], len(data)) + padded(data)
+        return with_size(records, sparse_map + stored, f"./GNUSparseFile.0/{name}"[:99])
     raise ValueError(version)
+
+
+# ---------------------------------------------------------------- GNU tar, the other oracle
+
+# Run by GNU tar for each regular member it extracts: its name, the byte count it got, its bytes.
+_TO_COMMAND = 'cat > "$WDS_ORACLE/cur" && { printf "%s\\0" "$TAR_FILENAME"; wc -c < "$WDS_ORACLE/cur"; ' \
+              'cat "$WDS_ORACLE/cur"; } >> "$WDS_ORACLE/log"'
+
+
+def gnu_tar() -> str | None:
+    """The path of GNU tar, or None where there is none (then the tests that need it skip)."""
+    path = shutil.which("tar")
+    if path is None:
+        return None
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, check=False, timeout=30).stdout
+    return path if "GNU tar" in version else None
+
+
+def with_gnu_tar(archive: bytes, folder: str) -> tuple[int, list[tuple[str, bytes]], str]:
+    """(exit status, (name, bytes) of each regular member, stderr) as GNU tar extracts them.
+
+    GNU tar's ``--to-command`` hands each regular file it extracts (sparse ones expanded,
+    hard links and other kinds not) to a command, in archive order; a member cut short by
+    the end of the stream comes with the bytes GNU tar got. Nothing is written to disk but
+    the log in ``folder``.
+    """
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "archive.tar")
+    with open(path, "wb") as out:
+        out.write(archive)
+    log = os.path.join(folder, "log")
+    if os.path.exists(log):
+        os.remove(log)
+    done = subprocess.run([gnu_tar() or "tar", "-xf", path, f"--to-command={_TO_COMMAND}"], capture_output=True,
+                          env={**os.environ, "WDS_ORACLE": folder, "LC_ALL": "C"}, check=False, timeout=60)
+    members = []
+    data = b""
+    if os.path.exists(log):
+        with open(log, "rb") as file:
+            data = file.read()
+    at = 0
+    while at < len(data):
+        name_end = data.index(b"\0", at)
+        count_end = data.index(b"\n", name_end)
+        count = int(data[name_end + 1 : count_end])
+        members.append((data[at:name_end].decode("utf-8", "surrogateescape"),
+                        data[count_end + 1 : count_end + 1 + count]))
+        at = count_end + 1 + count
+    return done.returncode, members, done.stderr.decode("utf-8", "replace")

@@ -45,16 +45,18 @@ class Pending:
         sparse = SparseMap.from_pax(values, records, url, member, offset)
         if sparse is None and "GNU.sparse.realsize" in values:
             raise ShardFormatError(url, member, offset, "a GNU sparse size without a sparse map")
-        if "size" in values:
-            if sparse is not None:
-                raise ShardFormatError(url, member, offset, "a PAX header gives both a size and a GNU sparse size")
-            if self.stored is None:
-                try:
-                    self.stored = int(values["size"])
-                except ValueError:
-                    raise ShardFormatError(url, member, offset, f"bad PAX size {values['size']!r}") from None
-                if self.stored < 0:
-                    raise ShardFormatError(url, member, offset, f"negative PAX size {self.stored}")
+        # A "size" record beside a sparse map is the member's size in the archive (what follows
+        # its header: the stored pieces, and for PAX 1.0 the map before them), as the ustar size
+        # field it replaces; GNU.sparse.size / GNU.sparse.realsize is the file's size, holes
+        # included. So GNU tar reads it, and writes it for sparse members stored in 8 GiB or
+        # more (tarfile lets the real size replace it and misreads what follows).
+        if "size" in values and self.stored is None:
+            try:
+                self.stored = int(values["size"])
+            except ValueError:
+                raise ShardFormatError(url, member, offset, f"bad PAX size {values['size']!r}") from None
+            if self.stored < 0:
+                raise ShardFormatError(url, member, offset, f"negative PAX size {self.stored}")
         if sparse is not None:
             if self.sparse is not None:
                 raise ShardFormatError(url, member, offset, "two PAX headers describe one sparse member")
