@@ -4,6 +4,7 @@ repeated or odd PAX records, hand-set header fields), each checked against tarfi
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import random
@@ -181,11 +182,12 @@ def sparse_member(version: str, name: str, pieces: list[tuple[int, bytes]], real
 
 # ---------------------------------------------------------------- GNU tar, the other oracle
 
-# Run by GNU tar for each regular member it extracts: its name, the byte count it got, its bytes.
-_TO_COMMAND = 'cat > "$WDS_ORACLE/cur" && { printf "%s\\0" "$TAR_FILENAME"; wc -c < "$WDS_ORACLE/cur"; ' \
-              'cat "$WDS_ORACLE/cur"; } >> "$WDS_ORACLE/log"'
+# Run by GNU tar (through sh) for each regular member it extracts: a line with the shell's
+# pid and the member's name, then cat (exec'd: one process a member) writes its bytes to d<pid>.
+_TO_COMMAND = 'printf "%s %s\\n" "$$" "$TAR_FILENAME" >> "$WDS_ORACLE/log"; exec cat > "$WDS_ORACLE/d$$"'
 
 
+@functools.lru_cache(maxsize=1)
 def gnu_tar() -> str | None:
     """The path of GNU tar, or None where there is none (then the tests that need it skip)."""
     path = shutil.which("tar")
@@ -200,8 +202,7 @@ def with_gnu_tar(archive: bytes, folder: str) -> tuple[int, list[tuple[str, byte
 
     GNU tar's ``--to-command`` hands each regular file it extracts (sparse ones expanded,
     hard links and other kinds not) to a command, in archive order; a member cut short by
-    the end of the stream comes with the bytes GNU tar got. Nothing is written to disk but
-    the log in ``folder``.
+    the end of the stream comes with the bytes GNU tar got. Names hold no newline.
     """
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "archive.tar")
@@ -213,16 +214,12 @@ def with_gnu_tar(archive: bytes, folder: str) -> tuple[int, list[tuple[str, byte
     done = subprocess.run([gnu_tar() or "tar", "-xf", path, f"--to-command={_TO_COMMAND}"], capture_output=True,
                           env={**os.environ, "WDS_ORACLE": folder, "LC_ALL": "C"}, check=False, timeout=60)
     members = []
-    data = b""
     if os.path.exists(log):
-        with open(log, "rb") as file:
-            data = file.read()
-    at = 0
-    while at < len(data):
-        name_end = data.index(b"\0", at)
-        count_end = data.index(b"\n", name_end)
-        count = int(data[name_end + 1 : count_end])
-        members.append((data[at:name_end].decode("utf-8", "surrogateescape"),
-                        data[count_end + 1 : count_end + 1 + count]))
-        at = count_end + 1 + count
+        with open(log, "rb") as lines:
+            entries = [line.rstrip(b"\n").split(b" ", 1) for line in lines]
+        assert len({pid for pid, _ in entries}) == len(entries), "a pid came back: repeat the test"
+        for pid, name in entries:
+            with open(os.path.join(folder, "d" + pid.decode()), "rb") as member:
+                members.append((name.decode("utf-8", "surrogateescape"), member.read()))
+            os.remove(os.path.join(folder, "d" + pid.decode()))
     return done.returncode, members, done.stderr.decode("utf-8", "replace")

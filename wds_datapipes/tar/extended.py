@@ -32,14 +32,15 @@ class Pending:
 
     def add_pax(self, records: list[tuple[str, str]], url: str, member: str | None, offset: int) -> None:
         values: dict[str, str] = {}
-        name = None
         for key, value in records:  # tarfile keeps the last of repeated keys, in first-seen order
             values[key] = value
-        for key, value in values.items():
-            if key == "path":
-                name = value.rstrip("/")
-            elif key == "GNU.sparse.name":
-                name = value
+        # A sparse member's name is GNU.sparse.name, wherever a "path" record stands: GNU tar's
+        # PAX 0.x and 1.0 writers put "./GNUSparseFile.<pid>/<name>" in the ustar name, and in
+        # a "path" record (after GNU.sparse.name) when it is long or not ASCII. GNU tar reads
+        # the real name; tarfile, applying the records in order, the made-up one.
+        name = values.get("GNU.sparse.name")
+        if name is None and "path" in values:
+            name = values["path"].rstrip("/")
         if self.name is None and name is not None:
             self.name = name
         sparse = SparseMap.from_pax(values, records, url, member, offset)
