@@ -4,9 +4,13 @@ repeated or odd PAX records, hand-set header fields), each checked against tarfi
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
+import os
 import random
+import shutil
 import signal
+import subprocess
 import tarfile
 
 BLOCK = 512
@@ -127,10 +131,13 @@ def _octal12(n: int) -> bytes:
     return b"%011o\0" % n
 
 
-def sparse_member(version: str, name: str, pieces: list[tuple[int, bytes]], real_size: int) -> bytes:
+def sparse_member(version: str, name: str, pieces: list[tuple[int, bytes]], real_size: int,
+                  size_record: bool = False) -> bytes:
     """A sparse member (its headers and data) as GNU tar writes it in ``version``'s format.
 
     ``pieces`` are (offset, bytes) in order; the holes between them read as zeros.
+    ``size_record`` (PAX versions): the stored size goes into a PAX ``size`` record, as GNU
+    tar writes it for 8 GiB or more, and the ustar size field holds 0.
     """
     stored = b"".join(data for _, data in pieces)
     spans = [(offset, len(data)) for offset, data in pieces]
@@ -150,19 +157,69 @@ def sparse_member(version: str, name: str, pieces: list[tuple[int, bytes]], real
             extension[504] = 1 if rest else 0
             out += bytes(extension)
         return out + padded(stored)
+    def with_size(records: list[tuple[str, str]], data: bytes, name: str) -> bytes:
+        ustar = tarfile.USTAR_FORMAT  # as GNU tar's posix format: it reads PAX records only before these
+        if size_record:
+            return pax_header([*records, ("size", str(len(data)))]) + header(name, 0, fmt=ustar) + padded(data)
+        return pax_header(records) + header(name, len(data), fmt=ustar) + padded(data)
+
     if version == "PAX 0.0":
         records = [("GNU.sparse.size", str(real_size)), ("GNU.sparse.numblocks", str(len(spans)))]
         for offset, length in spans:
             records += [("GNU.sparse.offset", str(offset)), ("GNU.sparse.numbytes", str(length))]
-        return pax_header(records) + header(name, len(stored)) + padded(stored)
+        return with_size(records, stored, name)
     if version == "PAX 0.1":
         records = [("GNU.sparse.size", str(real_size)), ("GNU.sparse.numblocks", str(len(spans))),
                    ("GNU.sparse.map", ",".join(f"{o},{n}" for o, n in spans))]
-        return pax_header(records) + header(name, len(stored)) + padded(stored)
+        return with_size(records, stored, name)
     if version == "PAX 1.0":
         records = [("GNU.sparse.major", "1"), ("GNU.sparse.minor", "0"), ("GNU.sparse.name", name),
                    ("GNU.sparse.realsize", str(real_size))]
         sparse_map = padded(b"".join(b"%d\n" % n for n in [len(spans), *(x for span in spans for x in span)]))
-        data = sparse_map + stored
-        return pax_header(records) + header(f"./GNUSparseFile.0/{name}"[:99], len(data)) + padded(data)
+        return with_size(records, sparse_map + stored, f"./GNUSparseFile.0/{name}"[:99])
     raise ValueError(version)
+
+
+# ---------------------------------------------------------------- GNU tar, the other oracle
+
+# Run by GNU tar (through sh) for each regular member it extracts: a line with the shell's
+# pid and the member's name, then cat (exec'd: one process a member) writes its bytes to d<pid>.
+_TO_COMMAND = 'printf "%s %s\\n" "$$" "$TAR_FILENAME" >> "$WDS_ORACLE/log"; exec cat > "$WDS_ORACLE/d$$"'
+
+
+@functools.lru_cache(maxsize=1)
+def gnu_tar() -> str | None:
+    """The path of GNU tar, or None where there is none (then the tests that need it skip)."""
+    path = shutil.which("tar")
+    if path is None:
+        return None
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, check=False, timeout=30).stdout
+    return path if "GNU tar" in version else None
+
+
+def with_gnu_tar(archive: bytes, folder: str) -> tuple[int, list[tuple[str, bytes]], str]:
+    """(exit status, (name, bytes) of each regular member, stderr) as GNU tar extracts them.
+
+    GNU tar's ``--to-command`` hands each regular file it extracts (sparse ones expanded,
+    hard links and other kinds not) to a command, in archive order; a member cut short by
+    the end of the stream comes with the bytes GNU tar got. Names hold no newline.
+    """
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "archive.tar")
+    with open(path, "wb") as out:
+        out.write(archive)
+    log = os.path.join(folder, "log")
+    if os.path.exists(log):
+        os.remove(log)
+    done = subprocess.run([gnu_tar() or "tar", "-xf", path, f"--to-command={_TO_COMMAND}"], capture_output=True,
+                          env={**os.environ, "WDS_ORACLE": folder, "LC_ALL": "C"}, check=False, timeout=60)
+    members = []
+    if os.path.exists(log):
+        with open(log, "rb") as lines:
+            entries = [line.rstrip(b"\n").split(b" ", 1) for line in lines]
+        assert len({pid for pid, _ in entries}) == len(entries), "a pid came back: repeat the test"
+        for pid, name in entries:
+            with open(os.path.join(folder, "d" + pid.decode()), "rb") as member:
+                members.append((name.decode("utf-8", "surrogateescape"), member.read()))
+            os.remove(os.path.join(folder, "d" + pid.decode()))
+    return done.returncode, members, done.stderr.decode("utf-8", "replace")

@@ -32,9 +32,9 @@ class Limits:
     Attributes:
         max_member_bytes: the largest tar member read into memory (a sparse member counts
             at its full size, holes included). Default 128 MiB; raise it for video shards.
-        max_header_bytes: the largest PAX extended header or GNU long name of one member
-            (default 1 MiB; real ones are a few hundred bytes, with extended attributes a
-            few KiB).
+        max_header_bytes: the largest PAX extended header, GNU long name or GNU sparse map
+            of one member (default 1 MiB; real ones are a few hundred bytes, with extended
+            attributes a few KiB).
         max_gz_bytes: the largest decompressed ``.gz`` field (``json.gz``, ``npy.gz``, ...):
             default 128 MiB.
         max_image_pixels: the largest image decoded, in pixels (width x height): default

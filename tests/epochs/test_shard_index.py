@@ -329,3 +329,37 @@ def test_cli_says_what_is_wrong_with_a_missing_index_or_a_shard_given_as_one(tmp
     wrong = _cli("verify", shard)
     assert wrong.returncode == 1
     assert "is not an index: it is a tar archive" in wrong.stderr and "utf-8" not in wrong.stderr
+
+
+class _CountedList(list):
+    """A list that counts the passes made over it (a pass per shard is quadratic work)."""
+
+    passes = 0
+
+    def __iter__(self):
+        _CountedList.passes += 1
+        return super().__iter__()
+
+
+def test_cli_index_resume_does_linear_work_in_the_shards_it_lists(tmp_path, monkeypatch):
+    # 30,000 shards took 93 s to resume: a set of every URL made per finished shard, and the
+    # plugin listers looked up (every installed package's metadata read) once per URL.
+    from wds_datapipes import cli
+    from wds_datapipes.cli import _scan_to_json
+    from wds_datapipes.epochs.index import ShardScan
+
+    n = 2000
+    urls = [str(tmp_path / f"s-{i:05d}.tar") for i in range(n)]  # all finished: none is opened
+    out = tmp_path / "i.json"
+    with open(f"{out}.partial", "w") as partial:
+        partial.writelines(json.dumps(_scan_to_json(ShardScan(u, 2, 2048, np.array([0, 1024])))) + "\n" for u in urls)
+    lookups = []
+    real_entry_points = cli.entry_points
+    monkeypatch.setattr(cli, "entry_points", lambda **kw: lookups.append(kw) or real_entry_points(**kw))
+    real_expand = cli.expand_urls
+    monkeypatch.setattr(cli, "expand_urls", lambda specs: _CountedList(real_expand(specs)))
+    _CountedList.passes = 0
+    assert cli.main(["index", *urls, "-o", str(out), "--quiet"]) == 0
+    assert ShardIndex.load(str(out)).sizes.tolist() == [2] * n
+    assert len(lookups) == 1  # one scheme, one lookup
+    assert _CountedList.passes < 20  # a few passes over the URLs, not one per shard

@@ -12,6 +12,8 @@ the members both yield, and ours may yield more:
 - a header whose checksum holds but whose mode, uid, gid, mtime or device numbers are not
   numbers (two flips whose sums cancel): tarfile stops there; we do not use those fields
   and read on.
+- a PAX sparse member is named by its GNU.sparse.name, as GNU tar names it, where tarfile
+  takes a "path" record that follows it (the reference here names it as we do).
 """
 
 from __future__ import annotations
@@ -189,7 +191,9 @@ def _tarfile_reads(data: bytes) -> tuple[list[tuple[str, bytes]], bool]:
                     continue
                 if info.size > LIMITS.max_member_bytes:  # tarfile would build it whole: stop here
                     return got, False
-                got.append((info.name, tar.extractfile(info).read()))
+                # The documented difference: a sparse member is named by GNU.sparse.name, as
+                # GNU tar names it, whatever "path" record the damage made after it.
+                got.append((info.pax_headers.get("GNU.sparse.name", info.name), tar.extractfile(info).read()))
     except Exception:  # noqa: BLE001 - anything tarfile raises (or a hang) ends its reading
         return got, False
     return got, True

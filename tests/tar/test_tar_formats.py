@@ -18,6 +18,7 @@ from tar_builders import (
     build_tar,
     end_of_archive,
     gnu_long_name,
+    gnu_tar,
     header,
     member,
     patched,
@@ -25,6 +26,7 @@ from tar_builders import (
     random_bytes,
     sparse_content,
     sparse_member,
+    with_gnu_tar,
     with_tarfile,
 )
 
@@ -100,6 +102,59 @@ def test_a_sparse_map_out_of_order_or_past_the_size_raises(version):
         got, error = _read_until_error(archive)
         assert got == [("a.txt", b"x")]
         assert error.member == "bad.bin" and "sparse map" in error.reason
+
+
+# Pieces as GNU tar stores them: each but the last a whole number of blocks (GNU tar reads
+# every piece from a block boundary; tarfile reads them back to back: they agree only so),
+# and a file that ends in a hole with an empty last piece at its end (GNU tar writes its
+# bytes up to the last piece to a --to-command).
+_ALIGNED = [(1024, random_bytes(512, 4)), (8192, random_bytes(1536, 5)), (20_000, random_bytes(700, 6)), (24_000, b"")]
+_ALIGNED_SIZE = 24_000
+
+
+@pytest.mark.skipif(gnu_tar() is None, reason="needs GNU tar (the oracle)")
+@pytest.mark.parametrize("chunk_size", [512, 1 << 20])
+@pytest.mark.parametrize("version", ["PAX 0.0", "PAX 0.1", "PAX 1.0"])
+def test_a_pax_sparse_member_with_a_size_record_is_read_as_gnu_tar_reads_it(version, chunk_size, tmp_path):
+    """Oracle: GNU tar's extraction (``--to-command``). GNU tar writes a PAX ``size`` record
+    for a sparse member stored in 8 GiB or more; it gives the member's bytes in the archive
+    (for PAX 1.0 the map before the pieces too) and overrides the ustar size field (0 here),
+    while GNU.sparse.size / realsize is the file's size. tarfile lets the real size replace
+    the stored one and reads past the member (not an oracle here)."""
+    archive = (member("a.txt", b"hello") + sparse_member(version, "dir/sparse.bin", _ALIGNED, _ALIGNED_SIZE,
+                                                         size_record=True)
+               + member("z.txt", b"after") + end_of_archive())
+    status, expected, errors = with_gnu_tar(archive, str(tmp_path))
+    assert status == 0, errors
+    assert expected == [("a.txt", b"hello"), ("dir/sparse.bin", sparse_content(_ALIGNED, _ALIGNED_SIZE)),
+                        ("z.txt", b"after")]
+    assert _ours(archive, chunk_size) == expected
+    index = list(iter_tar_index(io.BytesIO(archive), URL, 512))
+    assert [name for name, _ in index] == ["a.txt", "dir/sparse.bin", "z.txt"]
+    assert index[2][1] == len(archive) - 4 * 512  # z.txt: the stored size was what got passed over
+
+
+def test_a_pax_1_0_sparse_map_longer_than_the_header_limit_raises_naming_the_limit():
+    pieces = [(1024 * i, b"x") for i in range(1, 400)]  # a map of ~4 KiB
+    archive = member("a.txt", b"x") + sparse_member("PAX 1.0", "big-map.bin", pieces, 1 << 20) + end_of_archive()
+    assert _ours(archive)[1] == ("big-map.bin", sparse_content(pieces, 1 << 20))
+    got, error = [], None
+    with pytest.raises(ShardFormatError) as caught:
+        got.extend(iter_tar_members(io.BytesIO(archive), URL, 4096, limits=Limits(max_header_bytes=2048)))
+    error = caught.value
+    assert got == [("a.txt", b"x")]
+    assert error.member == "big-map.bin" and error.url == URL
+    assert "more than the limit of 2048 (Limits.max_header_bytes)" in error.reason
+
+
+def test_an_old_gnu_sparse_map_longer_than_the_header_limit_raises_naming_the_limit():
+    pieces = [(1024 * i, b"x") for i in range(1, 400)]  # 4 in the header, 19 extension blocks
+    archive = member("a.txt", b"x") + sparse_member("old GNU", "big-map.bin", pieces, 1 << 20) + end_of_archive()
+    assert _ours(archive)[1] == ("big-map.bin", sparse_content(pieces, 1 << 20))
+    with pytest.raises(ShardFormatError) as caught:
+        _ours(archive, limits=Limits(max_header_bytes=2048))
+    assert caught.value.member == "big-map.bin"
+    assert "more than the limit of 2048 (Limits.max_header_bytes)" in caught.value.reason
 
 
 # ---------------------------------------------------------------- compressions, by their first bytes

@@ -32,29 +32,32 @@ class Pending:
 
     def add_pax(self, records: list[tuple[str, str]], url: str, member: str | None, offset: int) -> None:
         values: dict[str, str] = {}
-        name = None
         for key, value in records:  # tarfile keeps the last of repeated keys, in first-seen order
             values[key] = value
-        for key, value in values.items():
-            if key == "path":
-                name = value.rstrip("/")
-            elif key == "GNU.sparse.name":
-                name = value
+        # A sparse member's name is GNU.sparse.name, wherever a "path" record stands: GNU tar's
+        # PAX 0.x and 1.0 writers put "./GNUSparseFile.<pid>/<name>" in the ustar name, and in
+        # a "path" record (after GNU.sparse.name) when it is long or not ASCII. GNU tar reads
+        # the real name; tarfile, applying the records in order, the made-up one.
+        name = values.get("GNU.sparse.name")
+        if name is None and "path" in values:
+            name = values["path"].rstrip("/")
         if self.name is None and name is not None:
             self.name = name
         sparse = SparseMap.from_pax(values, records, url, member, offset)
         if sparse is None and "GNU.sparse.realsize" in values:
             raise ShardFormatError(url, member, offset, "a GNU sparse size without a sparse map")
-        if "size" in values:
-            if sparse is not None:
-                raise ShardFormatError(url, member, offset, "a PAX header gives both a size and a GNU sparse size")
-            if self.stored is None:
-                try:
-                    self.stored = int(values["size"])
-                except ValueError:
-                    raise ShardFormatError(url, member, offset, f"bad PAX size {values['size']!r}") from None
-                if self.stored < 0:
-                    raise ShardFormatError(url, member, offset, f"negative PAX size {self.stored}")
+        # A "size" record beside a sparse map is the member's size in the archive (what follows
+        # its header: the stored pieces, and for PAX 1.0 the map before them), as the ustar size
+        # field it replaces; GNU.sparse.size / GNU.sparse.realsize is the file's size, holes
+        # included. So GNU tar reads it, and writes it for sparse members stored in 8 GiB or
+        # more (tarfile lets the real size replace it and misreads what follows).
+        if "size" in values and self.stored is None:
+            try:
+                self.stored = int(values["size"])
+            except ValueError:
+                raise ShardFormatError(url, member, offset, f"bad PAX size {values['size']!r}") from None
+            if self.stored < 0:
+                raise ShardFormatError(url, member, offset, f"negative PAX size {self.stored}")
         if sparse is not None:
             if self.sparse is not None:
                 raise ShardFormatError(url, member, offset, "two PAX headers describe one sparse member")

@@ -171,7 +171,8 @@ class HeaderKinds:
             while extended:
                 blocks += 1
                 if blocks * BLOCK > self.limits.max_header_bytes:
-                    raise ValueError(f"more than {blocks - 1} extension blocks (Limits.max_header_bytes)")
+                    raise self._map_too_large(name, header.offset, "old GNU", f"more than {blocks - 1} "
+                                              "extension blocks")
                 at, view = self._data(at, BLOCK, name, header.offset)
                 more = bytes(view[at : at + BLOCK])
                 for p in range(0, 504, 24):
@@ -188,18 +189,29 @@ class HeaderKinds:
                      offset: int) -> tuple[SparseMap, memoryview]:
         """PAX 1.0: the map at the start of the data (decimal numbers, one a line, the count
         first, padded to a block), and the data after it."""
-        data = bytes(stored[: min(len(stored), self.limits.max_header_bytes)])
+        limit = self.limits.max_header_bytes
+        data = bytes(stored[: min(len(stored), limit)])
         numbers: list[int] = []
         pos = 0
         try:
             while not numbers or len(numbers) < 2 * numbers[0] + 1:
-                newline = data.index(b"\n", pos)
+                newline = data.find(b"\n", pos)
+                if newline < 0 and len(stored) > limit:  # the map goes on past what we may read
+                    raise self._map_too_large(name, offset, "PAX 1.0", f"more than {limit} bytes")
+                if newline < 0:
+                    raise ValueError(f"the map ends after {len(numbers)} numbers, unfinished")
                 numbers.append(int(data[pos:newline]))
                 pos = newline + 1
         except ValueError as exn:
             raise ShardFormatError(self.url, name, offset, f"corrupt PAX 1.0 sparse map ({exn})") from None
         map_bytes = (pos + BLOCK - 1) & ~(BLOCK - 1)
         return SparseMap(sparse.version, pairs(numbers[1:]), sparse.real_size), stored[map_bytes:]
+
+
+    def _map_too_large(self, name: str, offset: int, version: str, what: str) -> ShardFormatError:
+        """The error for a sparse map longer than Limits.max_header_bytes, naming the limit."""
+        return ShardFormatError(self.url, name, offset, f"a {version} sparse map of {what}, more than the limit "
+                                f"of {self.limits.max_header_bytes} (Limits.max_header_bytes)")
 
 
 END = ("", None)  # the end of the archive, as an item of _other_header
