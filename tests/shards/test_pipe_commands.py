@@ -1,0 +1,92 @@
+"""``pipe:`` commands that the reader is done with: stopping one is no error, whatever it exits
+with then (curl's 23, SIGPIPE, SIGTERM); a command that failed before the reader had what it
+needed still is, naming the command."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import tarfile
+import time
+
+import pytest
+from shard_server import FaultyShardServer
+
+import wds_datapipes as wd
+from wds_datapipes import Limits, ShardOpenError
+from wds_datapipes.epochs.index import scan_shard
+
+pytestmark = pytest.mark.timeout(120)
+CURL = shutil.which("curl")
+
+
+def oracle(data: bytes) -> list[tuple[str, dict[str, bytes]]]:
+    """(key, {field: bytes}) of each sample, as tarfile reads the shard's bytes: the oracle."""
+    samples: list[tuple[str, dict[str, bytes]]] = []
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            key, _, field = member.name.partition(".")
+            if not samples or samples[-1][0] != key:
+                samples.append((key, {}))
+            samples[-1][1][field] = tar.extractfile(member).read()
+    return samples
+
+
+def read(url: str, limits: Limits | None = None, handler=None) -> list[tuple[str, dict[str, bytes]]]:
+    pipe = wd.ShardLister([url]).load_tar(limits=limits, **({"handler": handler} if handler else {})).group_by_key()
+    return [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}) for s in pipe]
+
+
+@pytest.mark.skipif(CURL is None, reason="needs curl")
+def test_pipe_curl_whose_tar_padding_comes_late_gives_every_sample_and_no_error(sized_shards, tmp_path):
+    """curl is still waiting for the last 512 bytes (the record padding) when the reader, past
+    the end-of-archive block, closes the pipe: curl then exits 23 (write error). Oracle:
+    tarfile reading the shards' bytes as written."""
+    paths = sized_shards([30] * 6, folder=tmp_path / "remote")
+    versions = {os.path.basename(p): [open(p, "rb").read()] for p in paths}
+    with FaultyShardServer(versions, lambda name, n: "late-tail", late=0.2) as server:
+        for name, (data,) in versions.items():
+            url = f"pipe:curl -s {server.url(name)}"
+            assert read(url) == oracle(data), url
+            assert scan_shard(url).nsamples == len(oracle(data))  # index reads headers only, and stops alike
+
+
+def test_a_break_out_of_a_lingering_command_neither_waits_nor_prints_an_ignored_exception(make_shards, tmp_path,
+                                                                                          monkeypatch):
+    (shard,) = make_shards(1, 50)
+    pid_file = tmp_path / "sleeper.pid"
+    url = f"pipe:sleep 30 & echo $! > {pid_file}; cat {shard}; wait"
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    started = time.monotonic()
+    samples = iter(wd.ShardLister([url]).load_tar(limits=Limits(pipe_grace=10)).group_by_key())
+    for sample in samples:
+        break
+    samples = None  # the generator is closed here, as after a break out of a for loop  # noqa: F841
+    assert sample["__key__"] == "s-000-000"
+    assert time.monotonic() - started < 5, "the break waited for Limits.pipe_grace"
+    assert ignored == []
+    sleeper = int(pid_file.read_text())
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{sleeper}") and \
+            open(f"/proc/{sleeper}/stat").read().split()[2] != "Z":
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{sleeper}") or open(f"/proc/{sleeper}/stat").read().split()[2] == "Z"
+
+
+def test_a_lingering_command_is_stopped_once_the_tar_ended_without_error(make_shards):
+    (shard,) = make_shards(1, 20)
+    started = time.monotonic()
+    assert [k for k, _ in read(f"pipe:cat {shard}; sleep 30", Limits(pipe_grace=10))] == \
+        [k for k, _ in read(shard)]
+    assert time.monotonic() - started < 5
+
+
+def test_a_command_that_fails_before_the_reader_had_the_shard_is_an_error_naming_it(make_shards):
+    (shard,) = make_shards(1, 200)
+    url = f"pipe:head -c 20000 {shard}; exit 7"
+    with pytest.raises(ShardOpenError, match="command exited with status 7") as caught:
+        read(url)
+    assert caught.value.url == url
