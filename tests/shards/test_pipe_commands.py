@@ -10,6 +10,7 @@ import shutil
 import sys
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 from shard_server import FaultyShardServer
@@ -45,7 +46,7 @@ def test_pipe_curl_whose_tar_padding_comes_late_gives_every_sample_and_no_error(
     the end-of-archive block, closes the pipe: curl then exits 23 (write error). Oracle:
     tarfile reading the shards' bytes as written."""
     paths = sized_shards([30] * 6, folder=tmp_path / "remote")
-    versions = {os.path.basename(p): [open(p, "rb").read()] for p in paths}
+    versions = {os.path.basename(p): [Path(p).read_bytes()] for p in paths}
     with FaultyShardServer(versions, lambda name, n: "late-tail", late=0.2) as server:
         for name, (data,) in versions.items():
             url = f"pipe:curl -s {server.url(name)}"
@@ -64,16 +65,23 @@ def test_a_break_out_of_a_lingering_command_neither_waits_nor_prints_an_ignored_
     samples = iter(wd.ShardLister([url]).load_tar(limits=Limits(pipe_grace=10)).group_by_key())
     for sample in samples:
         break
-    samples = None  # the generator is closed here, as after a break out of a for loop  # noqa: F841
+    samples = None  # the generator is closed here, as after a break out of a for loop
     assert sample["__key__"] == "s-000-000"
     assert time.monotonic() - started < 5, "the break waited for Limits.pipe_grace"
     assert ignored == []
-    sleeper = int(pid_file.read_text())
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and os.path.exists(f"/proc/{sleeper}") and \
-            open(f"/proc/{sleeper}/stat").read().split()[2] != "Z":
+    assert _gone(int(pid_file.read_text())), "what the command started was left running"
+
+
+def _gone(pid: int, wait: float = 3.0) -> bool:
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
         time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{sleeper}") or open(f"/proc/{sleeper}/stat").read().split()[2] == "Z"
+    return False
 
 
 def test_a_lingering_command_is_stopped_once_the_tar_ended_without_error(make_shards):
