@@ -312,13 +312,18 @@ def _bytes(n: float) -> str:
 
 def _verify(args: argparse.Namespace) -> int:
     if args.cache or args.cache_dir:
+        from .errors import CacheDirectoryError
         from .shards.cache import CacheSettings, get_cache, verify_cache
 
         settings = CacheSettings(os.path.abspath(args.cache_dir), 0) if args.cache_dir else get_cache()
         if settings is None:
             print("no shard cache to check: set WDS_CACHE_DIR or give --cache-dir", file=sys.stderr)
             return 2
-        bad = verify_cache(settings)
+        try:
+            bad = verify_cache(settings)
+        except CacheDirectoryError as exn:  # a mistyped --cache-dir is not made, nor passed
+            print(f"verify: {exn}", file=sys.stderr)
+            return 2
         for problem in bad:
             print(f"cache: {problem} (removed)")
         print(f"{settings.directory}: {len(bad)} bad cached shard{'s' * (len(bad) != 1)}", file=sys.stderr)
