@@ -9,7 +9,8 @@
 - ``verify index.json``: every shard readable, its samples and size as the index says,
   keys unique; exit status 1 naming the shard and member otherwise. ``verify --cache``
   checks the local shard cache (``$WDS_CACHE_DIR``, or ``--cache-dir``): each complete
-  copy's size and CRC-32 as downloaded; a bad copy is removed (it is fetched again).
+  copy's size and CRC-32 as downloaded, and that it is a whole tar; a bad copy is removed
+  (it is fetched again). A directory that does not exist (or another user's): exit status 2.
 """
 
 from __future__ import annotations

@@ -4,12 +4,16 @@ Off by default. :func:`set_cache` (or ``WDS_CACHE_DIR`` and ``WDS_CACHE_LIMIT``,
 ``set_cache`` also sets, so that spawned DataLoader workers find it) turns it on for every
 reader of the process: ``load_tar``, ``ExactEpochs``, ``index``. It sits between the
 openers and the readers (:func:`~wds_datapipes.shards.openers.set_stream_layer`), so every
-scheme gets it. This module is the settings and that layer; :mod:`.cache_store` the ledger,
-files and locks; :mod:`.cache_streams` what a reader is handed.
+scheme gets it. This module turns it on and is that layer; :mod:`.cache_settings` the
+settings, :mod:`.cache_store` the ledger, :mod:`.files` the directory, files and locks,
+:mod:`.cache_streams` what a reader is handed.
 
 - A first read streams to the reader while it is written to ``<key>.part`` (the key: a
   hash of the whole URL); a second reader of a shard being downloaded reads along. At the
-  end the part is renamed ``<key>.data``: a half-written file is never complete.
+  end the part is renamed ``<key>.data``: a half-written file is never complete, and a
+  read the source did not call a success, or whose bytes are not a whole tar, is not kept.
+- The directory must be the user's own, writable by no one else; no file in it is
+  followed through a link (:mod:`.files`).
 - One download per shard and machine: the downloader holds ``flock`` on ``<key>.lock``
   (the kernel drops it when a process dies: its part is then stale, and cleaned up).
 - The limit holds at every moment: bytes are reserved in the ledger (SQLite, in the cache
