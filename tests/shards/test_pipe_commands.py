@@ -98,3 +98,19 @@ def test_a_command_that_fails_before_the_reader_had_the_shard_is_an_error_naming
     with pytest.raises(ShardOpenError, match="command exited with status 7") as caught:
         read(url)
     assert caught.value.url == url
+
+
+@pytest.mark.skipif(CURL is None, reason="needs curl")
+def test_exact_epochs_spans_ending_mid_shard_over_pipe_curl_give_every_sample_once(sized_shards, tmp_path):
+    """Shuffled spans of ExactEpochs end inside shards: each such pipe: command is stopped
+    mid-transfer (curl exits 23), and that is no error. Oracle: tarfile reading the shards'
+    bytes as written (every key once per epoch)."""
+    paths = sized_shards([40] * 3, folder=tmp_path / "remote")
+    versions = {os.path.basename(p): [Path(p).read_bytes()] for p in paths}
+    with FaultyShardServer(versions, lambda name, n: "late-tail", late=0.2) as server:
+        urls = [f"pipe:curl -s {server.url(name)}" for name in versions]
+        index = wd.ShardIndex.from_scans(wd.build_index(urls, jobs=2))
+        index.allow_pipe = True
+        pipe = wd.ExactEpochs(index, batch_size=7, lanes=4, block=8, seed=1)
+        keys = sorted(s["__key__"] for s in pipe)
+    assert keys == sorted(key for data, in versions.values() for key, _ in oracle(data))
