@@ -281,7 +281,12 @@ class ReadAlong(_CacheStream):
             except FileNotFoundError:
                 pass
             if probe_alive(self.store.path(self.key, "lock")):
-                return "running"
+                try:  # a new download replaced the part this one followed (its downloader died): not ours
+                    ours = os.stat(self.store.path(self.key, "part"), follow_symlinks=False).st_ino == \
+                        os.fstat(self.fd).st_ino
+                except FileNotFoundError:
+                    continue  # renamed in between: asked again
+                return "running" if ours else "gone"
         return "gone"
 
     def _drop_local(self) -> None:
