@@ -80,12 +80,16 @@ def tar_problem(fd: int, url: str) -> str | None:
     are walked (plain tars seek over the members' bytes; compressed ones are inflated)."""
     # A plain tar is read a header at a time (the default 1 MiB chunk would read nearly every
     # byte of 100 KB members: 56 -> 40 ms on a 100 MB shard of 2,000 members, page cache warm).
-    chunk = CHUNK if compression(os.pread(fd, BLOCK, 0)) else 8 * BLOCK
+    compressed = compression(os.pread(fd, BLOCK, 0)) is not None
     try:
-        for _ in iter_tar_members(_Pread(fd), url, chunk, skip_data=lambda name: True):
+        for _ in iter_tar_members(_Pread(fd), url, CHUNK if compressed else 8 * BLOCK, skip_data=lambda name: True):
             pass
     except WdsError as exn:
         return str(exn)
+    size = os.fstat(fd).st_size
+    if not compressed and (size < 2 * BLOCK or any(os.pread(fd, 2 * BLOCK, size - 2 * BLOCK))):
+        # The walk stops at the first zero block; a whole tar ends in two (and zero padding).
+        return "it ends without the end-of-archive's two zero blocks"
     return None
 
 
