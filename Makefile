@@ -19,6 +19,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ffmpeg:
 	@ldconfig -p | grep -q 'libavformat\.so\.' || { $(SUDO) apt-get update -qq && \
 		$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ffmpeg; }
+	@# curl: the pipe:curl tests of the shard cache and of pipe: commands (skipped without it)
+	@command -v curl >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl; }
 
 $(INSTALLED): pyproject.toml constraints.txt | ffmpeg
 	$(PYTHON) -m venv $(VENV)

@@ -21,6 +21,7 @@ from .epochs.mixed_epochs import MixedEpochs
 from .epochs.plan import PlanSettings
 from .epochs.state import EpochState
 from .errors import (
+    CacheDirectoryError,
     DecodeError,
     IndexMismatchError,
     NoShardsError,
@@ -63,6 +64,7 @@ __all__ = [
     "AudioSpec",
     "BatchDecoder",
     "Batcher",
+    "CacheDirectoryError",
     "CacheSettings",
     "CacheStats",
     "CenterCrop",

@@ -9,7 +9,8 @@
 - ``verify index.json``: every shard readable, its samples and size as the index says,
   keys unique; exit status 1 naming the shard and member otherwise. ``verify --cache``
   checks the local shard cache (``$WDS_CACHE_DIR``, or ``--cache-dir``): each complete
-  copy's size and CRC-32 as downloaded; a bad copy is removed (it is fetched again).
+  copy's size and CRC-32 as downloaded, and that it is a whole tar; a bad copy is removed
+  (it is fetched again). A directory that does not exist (or another user's): exit status 2.
 - ``create SOURCE -o out/train-%06d.tar``: write shards and their index in one pass from
   folders, manifests or shards (:mod:`wds_datapipes.writing.command`).
 """
@@ -309,13 +310,18 @@ def _bytes(n: float) -> str:
 
 def _verify(args: argparse.Namespace) -> int:
     if args.cache or args.cache_dir:
+        from .errors import CacheDirectoryError
         from .shards.cache import CacheSettings, get_cache, verify_cache
 
         settings = CacheSettings(os.path.abspath(args.cache_dir), 0) if args.cache_dir else get_cache()
         if settings is None:
             print("no shard cache to check: set WDS_CACHE_DIR or give --cache-dir", file=sys.stderr)
             return 2
-        bad = verify_cache(settings)
+        try:
+            bad = verify_cache(settings)
+        except CacheDirectoryError as exn:  # a mistyped --cache-dir is not made, nor passed
+            print(f"verify: {exn}", file=sys.stderr)
+            return 2
         for problem in bad:
             print(f"cache: {problem} (removed)")
         print(f"{settings.directory}: {len(bad)} bad cached shard{'s' * (len(bad) != 1)}", file=sys.stderr)

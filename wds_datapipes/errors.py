@@ -132,3 +132,13 @@ class ShardWriteError(WdsError):
 
 class NoShardsError(WdsError):
     """A shard list, or one worker's or rank's part of it, is empty."""
+
+
+class CacheDirectoryError(WdsError):
+    """The shard cache's directory cannot be trusted or used: missing (where it must exist),
+    not a directory, owned by another user, or writable by others."""
+
+    def __init__(self, directory: str, reason: str | None = None):
+        self.directory = directory if reason is not None else None
+        self.reason = reason
+        super().__init__(f"shard cache directory {directory!r}: {reason}" if reason is not None else directory)

@@ -47,7 +47,9 @@ class Limits:
             it reached) after a drop, a reset or a stall before giving up: default 5, with
             waits of 0.5, 1, 2, 4, 8 s between tries.
         pipe_grace: seconds a ``pipe:`` command may run on after its output was read to the
-            end or closed; then it is stopped and reported: default 10.
+            end; then it is stopped and reported: default 10. A command whose output the
+            reader closes before its end (it is done: end of archive, a span's end, a
+            ``break``) is stopped at once, and that is no error.
         pipe_timeout: seconds a ``pipe:`` command may write nothing while its shard is read
             (a hung download); then it is stopped and the read fails naming it: default 120
             (0: wait for ever).

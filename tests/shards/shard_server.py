@@ -94,3 +94,134 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                             time.sleep(ahead)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+
+# ---------------------------------------------------------------- a server that fails, cuts and changes answers
+
+FAULTS = ("ok", "503", "cut", "cut-unsized", "stall", "late-tail", "change")
+_HTML_503 = b"<html><head><title>503 Service Unavailable</title></head><body>Try again later.</body></html>\n"
+
+
+class FaultyShardServer(http.server.ThreadingHTTPServer):
+    """Serves in-memory objects, each GET answered as ``schedule(name, request number)`` says:
+
+    ``ok``; ``503`` (an HTML page, as a busy proxy sends it); ``cut`` (the body stops at
+    a random byte, Content-Length sent: the client can tell); ``cut-unsized`` (HTTP/1.0, no
+    Content-Length, the body stops at a random byte: only the bytes can tell); ``stall`` (no
+    byte after a random one for ``stall`` seconds, then the connection closes);
+    ``late-tail`` (the last 512 bytes come ``late`` seconds after the rest); ``change`` (the
+    object is replaced by its next version, whose samples differ, before this answer).
+    HEAD requests answer plainly (size, ETag of the current version). Range requests are
+    answered from the current version. ``versions[name]`` is every version an object had,
+    in order: what a reader may see of it.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, versions: dict[str, list[bytes]], schedule, stall: float = 1.0, late: float = 0.2,
+                 seed: int = 0):
+        super().__init__(("127.0.0.1", 0), _FaultyHandler)
+        import random
+
+        self.versions = versions
+        self.current = dict.fromkeys(versions, 0)
+        self.schedule, self.stall, self.late = schedule, stall, late
+        self.random = random.Random(seed)
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.answers: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/{name}"
+
+    def body(self, name: str) -> bytes:
+        return self.versions[name][self.current[name]]
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _FaultyHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _name(self) -> str | None:
+        name = self.path.lstrip("/")
+        if name not in self.server.versions:
+            self.send_error(404)
+            return None
+        return name
+
+    def _head(self, status: int, body: bytes, start: int, name: str, sized: bool = True) -> None:
+        import hashlib
+
+        self.send_response(status)
+        if sized:
+            self.send_header("Content-Length", str(len(body) - start))
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        self.send_header("ETag", f'"{hashlib.sha1(body).hexdigest()[:16]}"')
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Connection", "close")
+        self.end_headers()
+
+    def do_HEAD(self):
+        name = self._name()
+        if name is not None:
+            with self.server.lock:
+                body = self.server.body(name)
+            self._head(200, body, 0, name)
+
+    def do_GET(self):
+        server: FaultyShardServer = self.server
+        name = self._name()
+        if name is None:
+            return
+        self.close_connection = True
+        with server.lock:
+            number = server.requests[name]
+            server.requests[name] += 1
+            fault = server.schedule(name, number)
+            server.answers.append((name, fault))
+            if fault == "change" and server.current[name] + 1 < len(server.versions[name]):
+                server.current[name] += 1
+            body = server.body(name)
+            at = server.random.randrange(1, len(body))
+        asked = self.headers.get("Range")
+        start = min(int(asked.split("=")[1].rstrip("-")), len(body)) if asked else 0
+        try:
+            if fault == "503":
+                self.send_response(503)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(_HTML_503)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(_HTML_503)
+                return
+            if fault == "cut-unsized":
+                self.protocol_version = "HTTP/1.0"  # the status line says so; the body ends at the close
+            self._head(206 if start else 200, body, start, name, sized=fault != "cut-unsized")
+            rest = body[start:]
+            if fault in ("cut", "cut-unsized", "stall"):
+                self.wfile.write(rest[: max(0, at - start)])
+                self.wfile.flush()
+                if fault == "stall":
+                    time.sleep(server.stall)
+                return
+            if fault == "late-tail":
+                self.wfile.write(rest[:-512])
+                self.wfile.flush()
+                time.sleep(server.late)
+                self.wfile.write(rest[-512:])
+                return
+            self.wfile.write(rest)
+        except (BrokenPipeError, ConnectionResetError):
+            pass

@@ -4,12 +4,16 @@ Off by default. :func:`set_cache` (or ``WDS_CACHE_DIR`` and ``WDS_CACHE_LIMIT``,
 ``set_cache`` also sets, so that spawned DataLoader workers find it) turns it on for every
 reader of the process: ``load_tar``, ``ExactEpochs``, ``index``. It sits between the
 openers and the readers (:func:`~wds_datapipes.shards.openers.set_stream_layer`), so every
-scheme gets it. This module is the settings and that layer; :mod:`.cache_store` the ledger,
-files and locks; :mod:`.cache_streams` what a reader is handed.
+scheme gets it. This module turns it on and is that layer; :mod:`.cache_settings` the
+settings, :mod:`.cache_store` the ledger, :mod:`.files` the directory, files and locks,
+:mod:`.cache_streams` what a reader is handed.
 
 - A first read streams to the reader while it is written to ``<key>.part`` (the key: a
   hash of the whole URL); a second reader of a shard being downloaded reads along. At the
-  end the part is renamed ``<key>.data``: a half-written file is never complete.
+  end the part is renamed ``<key>.data``: a half-written file is never complete, and a
+  read the source did not call a success, or whose bytes are not a whole tar, is not kept.
+- The directory must be the user's own, writable by no one else; no file in it is
+  followed through a link (:mod:`.files`).
 - One download per shard and machine: the downloader holds ``flock`` on ``<key>.lock``
   (the kernel drops it when a process dies: its part is then stale, and cleaned up).
 - The limit holds at every moment: bytes are reserved in the ledger (SQLite, in the cache
@@ -31,19 +35,20 @@ import functools
 import io
 import logging
 import os
-import re
 import sqlite3
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from ..errors import CacheDirectoryError
 from ..limits import Limits, get_limits
 from . import openers
+from .cache_settings import CacheSettings, parse_size
 from .cache_store import DISABLED, Store, fault, verify
 from .cache_streams import (
     STATS,
     CacheStats,
 )
+from .files import make_directory
 
 __all__ = ["CacheSettings", "CacheStats", "cache_stats", "cached_copy", "get_cache", "parse_size", "set_cache",
            "verify_cache"]
@@ -56,55 +61,6 @@ _NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "beegfs", "gpfs
 _BLOCK = 4096  # entries count in whole blocks: what a file takes on disk
 
 
-@dataclass(frozen=True)
-class CacheSettings:
-    """Where shards are cached, and how much they may take.
-
-    Attributes:
-        directory: the cache directory, shared by every worker and rank of the machine (a
-            local disk: not a network filesystem).
-        limit: bytes the cached shards (complete and downloading) may take at most.
-        local: which local paths are cached: ``"network"`` (those on NFS, CIFS, Lustre, FUSE
-            mounts, ...; default), ``"all"`` or ``"none"``.
-        revalidate: check a cached shard against its source when it is opened (a HEAD
-            request for HTTP and AIS, a stat for files): True (default) at every opening,
-            False never, a number of seconds: at most once in that long per shard on the
-            machine (the time of the last check is in the ledger). ``pipe:`` shards
-            cannot be asked: their entry is trusted.
-    """
-
-    directory: str
-    limit: int
-    local: str = "network"
-    revalidate: bool | float = True
-
-    def __post_init__(self):
-        if self.local not in ("network", "all", "none"):
-            raise ValueError(f"CacheSettings.local must be 'network', 'all' or 'none', not {self.local!r}")
-        if self.limit < 0:
-            raise ValueError(f"CacheSettings.limit must be >= 0, not {self.limit}")
-        if not isinstance(self.revalidate, (bool, int, float)) or self.revalidate < 0:
-            raise ValueError(f"CacheSettings.revalidate must be True, False or seconds >= 0, not {self.revalidate!r}")
-
-    @property
-    def check_after(self) -> float | None:
-        """Seconds after its last check that a cached shard is checked again (None: never)."""
-        if isinstance(self.revalidate, bool):
-            return 0.0 if self.revalidate else None
-        return float(self.revalidate)
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from ``"200GB"``, ``"1.5 TiB"``, ``"500M"`` or a plain number (GB = 10**9, GiB = 2**30)."""
-    if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([kmgtp]?)(i?)b?\s*", str(text).lower())
-    if not match:
-        raise ValueError(f"not a size: {text!r} (say e.g. '200GB', '500MiB' or a number of bytes)")
-    base = 1024 if match[3] else 1000
-    return int(float(match[1]) * base ** " kmgtp".index(match[2] or " "))
-
-
 _settings: CacheSettings | None = None
 _settings_read = False  # the environment is read at the first use, so spawned workers see what set_cache put there
 _stores: dict[tuple[int, str], Store] = {}
@@ -114,7 +70,10 @@ def set_cache(directory: str | os.PathLike | None, limit: str | int = "100GB", *
               revalidate: bool | float = True) -> CacheSettings | None:
     """Cache remote shards in ``directory``, taking at most ``limit`` (``"200GB"``), from now on
     in this process and in the processes it starts (DataLoader workers, fork or spawn);
-    ``None`` turns the cache off. Returns the previous settings.
+    ``None`` turns the cache off. Returns the previous settings. The directory must be the
+    user's own and writable by no one else (one made here is ``0700``): a directory that
+    exists and is not raises :class:`~wds_datapipes.errors.CacheDirectoryError` here (in a
+    worker that reads the setting from the environment, the cache warns and stays off).
 
     Example:
         >>> wd.set_cache("/local/ssd/shards", "200GB")
@@ -126,7 +85,10 @@ def set_cache(directory: str | os.PathLike | None, limit: str | int = "100GB", *
         for name in (DIR_ENV, LIMIT_ENV, LOCAL_ENV, REVALIDATE_ENV):
             os.environ.pop(name, None)
     else:
-        _settings = CacheSettings(os.path.abspath(os.fspath(directory)), parse_size(limit), local, revalidate)
+        settings = CacheSettings(os.path.abspath(os.fspath(directory)), parse_size(limit), local, revalidate)
+        if os.path.lexists(settings.directory):  # one someone else made or opened up: CacheDirectoryError now
+            make_directory(settings.directory, create=False)
+        _settings = settings
         os.environ.update({DIR_ENV: _settings.directory, LIMIT_ENV: str(_settings.limit), LOCAL_ENV: local,
                            REVALIDATE_ENV: _revalidate_text(revalidate)})
     _settings_read = True
@@ -203,7 +165,7 @@ def cached_copy(url: str, limits: Limits | None = None, revalidate: bool = True)
     settings = get_cache()
     try:
         return _store(settings).held(str(url), limits or get_limits(), openers.open_source, revalidate)
-    except (OSError, sqlite3.Error) as exn:
+    except (OSError, sqlite3.Error, CacheDirectoryError) as exn:
         fault(settings.directory, f"the cache directory cannot be used ({type(exn).__name__}: {exn})", disable=True)
         return None
 
@@ -217,20 +179,20 @@ def _cached_open(url: str, start: int, limits: Limits | None, open_source: Calla
         return open_source(url, start, limits)
     try:
         store = _store(settings)
-    except (OSError, sqlite3.Error) as exn:
+    except (OSError, sqlite3.Error, CacheDirectoryError) as exn:
         fault(settings.directory, f"the cache directory cannot be used ({type(exn).__name__}: {exn})", disable=True)
         return open_source(url, start, limits)
     return store.open(str(url), start, limits or get_limits(), open_source)
 
 
-def _store(settings: CacheSettings) -> Store:
+def _store(settings: CacheSettings, create: bool = True) -> Store:
     key = (os.getpid(), settings.directory)  # a forked worker opens its own connection
     store = _stores.get(key)
     if store is None or store.settings != settings:
         with _making:  # one per process, however many threads open their first shard at once
             store = _stores.get(key)
             if store is None or store.settings != settings:
-                store = _stores[key] = Store(settings)
+                store = _stores[key] = Store(settings, create)
     return store
 
 
@@ -264,10 +226,17 @@ def _on_network_fs(path: str) -> bool:
 
 
 def verify_cache(settings: CacheSettings | None = None, repair: bool = True) -> list[str]:
-    """Checks every complete entry's size, mtime and CRC-32 against what was downloaded; returns
-    what is wrong (and, with ``repair``, removes those entries: they are fetched again)."""
+    """Checks every complete entry's size, mtime and CRC-32 against what was downloaded, and
+    that it is a whole tar; returns what is wrong (and, with ``repair``, removes those
+    entries: they are fetched again). Makes nothing: a missing or untrusted directory raises
+    :class:`~wds_datapipes.errors.CacheDirectoryError`; one without a ledger has nothing to check."""
     settings = settings or get_cache()
-    return [] if settings is None else verify(_store(settings), repair)
+    if settings is None:
+        return []
+    make_directory(settings.directory, create=False)
+    if not os.path.exists(os.path.join(settings.directory, "ledger.sqlite")):
+        return []
+    return verify(_store(settings, create=False), repair)
 
 
 openers.set_stream_layer(_cached_open)

@@ -23,10 +23,10 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ..limits import Limits
 from . import openers
+from .cache_settings import CacheSettings
 from .cache_streams import (
     STATS,
     Download,
@@ -34,13 +34,18 @@ from .cache_streams import (
     ReadAlong,
     add,
     own_download,
+    tar_problem,
+)
+from .files import (
+    create_new,
+    make_directory,
+    open_existing,
     probe_alive,
+    publish,
     release_lock,
     try_lock,
+    unlink,
 )
-
-if TYPE_CHECKING:
-    from .cache import CacheSettings
 
 logger = logging.getLogger("wds_datapipes")
 
@@ -79,10 +84,10 @@ def fault(directory: str, message: str, disable: bool = False) -> None:
 class Store:
     """One cache directory, seen from one process: its ledger, its files, its locks."""
 
-    def __init__(self, settings: CacheSettings):
+    def __init__(self, settings: CacheSettings, create: bool = True):
         self.settings = settings
         self.dir = settings.directory
-        os.makedirs(self.dir, exist_ok=True)
+        make_directory(self.dir, create)  # CacheDirectoryError where it cannot be trusted
         self.db = sqlite3.connect(os.path.join(self.dir, "ledger.sqlite"), timeout=120, isolation_level=None,
                                   check_same_thread=False)
         self.lock = threading.RLock()  # one connection per process: its statements one at a time
@@ -169,7 +174,7 @@ class Store:
         now = time.time()
         ask = revalidate and after is not None and (checked is None or now - checked >= after)
         try:
-            fd = os.open(self.path(key, "data"), os.O_RDONLY)
+            fd = open_existing(self.path(key, "data"))
         except FileNotFoundError:
             return None  # evicted, or being renamed into place
         try:
@@ -215,7 +220,7 @@ class Store:
         if own_download(key):  # its bytes come only as this thread reads them elsewhere: from the source
             return self._uncached(url, key, start, limits, open_source)
         try:
-            fd = os.open(self.path(key, "part"), os.O_RDONLY)
+            fd = open_existing(self.path(key, "part"))
         except FileNotFoundError:  # not made yet, or already renamed: ask again
             return None if probe_alive(self.path(key, "lock")) or os.path.exists(self.path(key, "data")) \
                 else self._uncached(url, key, start, limits, open_source)
@@ -229,7 +234,7 @@ class Store:
 
     def _download(self, url, key, lock, limits, open_source) -> io.RawIOBase:
         part = self.path(key, "part")
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # made first: readers wait on it
+        fd = create_new(part)  # made first: readers wait on it
         try:
             source = open_source(url, 0, limits)
         except BaseException:
@@ -280,7 +285,7 @@ class Store:
         freed = 0
         for key, nbytes in db.execute("SELECT key, bytes FROM entries WHERE state='part'").fetchall():
             if not probe_alive(self.path(key, "lock")):  # its downloader died
-                _unlink(self.path(key, "part"))
+                unlink(self.path(key, "part"))
                 db.execute("DELETE FROM entries WHERE key=?", (key,))
                 freed += nbytes
         rows = db.execute("SELECT key, bytes, used FROM entries WHERE state='done' ORDER BY used").fetchall()
@@ -294,7 +299,7 @@ class Store:
     def _evict(self, db, key: str) -> bool:
         path = self.path(key, "data")
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_existing(path)
         except FileNotFoundError:
             db.execute("DELETE FROM entries WHERE key=?", (key,))
             return True
@@ -320,7 +325,7 @@ class Store:
         """Ends a download that is not kept: its part, its reservation (a shard that did not fit
         keeps its 'seen' row, the time of its read), its lock."""
         os.close(fd)
-        _unlink(self.path(key, "part"))
+        unlink(self.path(key, "part"))
         try:
             with self.transaction() as db:
                 if not seen:
@@ -344,7 +349,7 @@ class Store:
             db.execute("UPDATE entries SET state='done', bytes=?, size=?, version=?, mtime_ns=?, crc=?, used=?,"
                        " checked=?, unsynced=? WHERE key=?",
                        (_blocks(size), size, version, mtime_ns, crc, now, now, BOOT, key))
-        os.rename(self.path(key, "part"), self.path(key, "data"))
+        publish(self.path(key, "part"), self.path(key, "data"))
         release_lock(self.path(key, "lock"), lock)
         if BOOT is None:
             os.close(fd)
@@ -400,7 +405,7 @@ class Store:
             for name in os.listdir(self.dir):
                 key, _, kind = name.partition(".")
                 if kind == "part" and known.get(key) != "part" and not probe_alive(self.path(key, "lock")):
-                    _unlink(os.path.join(self.dir, name))
+                    unlink(os.path.join(self.dir, name))
                 elif kind == "data" and known.get(key) != "done":
                     self._evict(db, key)
 
@@ -444,34 +449,36 @@ def _blocks(size: int) -> int:
     return -(-size // _BLOCK) * _BLOCK
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def verify(store: Store, repair: bool = True) -> list[str]:
-    """Checks every complete entry's size, mtime and CRC-32; returns what is wrong (and, with
-    ``repair``, removes those entries)."""
+    """Checks every complete entry's size, mtime, CRC-32 and that it is a whole tar; returns
+    what is wrong (and, with ``repair``, removes those entries)."""
     problems = []
     rows = store.rows("SELECT key, url, size, mtime_ns, crc FROM entries WHERE state='done'")
     for key, url, size, mtime_ns, crc in rows:
+        problem = None
         try:
-            with open(store.path(key, "data"), "rb") as f:
-                info = os.fstat(f.fileno())
-                got = 0
-                while chunk := f.read(1 << 20):
-                    got = zlib.crc32(chunk, got)
+            fd = open_existing(store.path(key, "data"))
         except OSError as exn:
-            problems.append(f"{url}: {type(exn).__name__}: {exn}")
+            problem = f"{url}: {type(exn).__name__}: {exn}"
         else:
-            if (info.st_size, info.st_mtime_ns, got) != (size, mtime_ns, crc):
-                problems.append(f"{url}: the cached copy differs from what was downloaded "
-                                f"({info.st_size} bytes, {size} expected; CRC-32 {got:08x}, {crc:08x} expected)")
-            else:
-                continue
+            try:
+                info = os.fstat(fd)
+                got = 0
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        got = zlib.crc32(chunk, got)
+                if (info.st_size, info.st_mtime_ns, got) != (size, mtime_ns, crc):
+                    problem = (f"{url}: the cached copy differs from what was downloaded ({info.st_size} bytes, "
+                               f"{size} expected; CRC-32 {got:08x}, {crc:08x} expected)")
+                elif (why := tar_problem(fd, url)) is not None:
+                    problem = f"{url}: the cached copy is not a whole tar: {why}"
+            except OSError as exn:
+                problem = f"{url}: {type(exn).__name__}: {exn}"
+            finally:
+                os.close(fd)
+        if problem is None:
+            continue
+        problems.append(problem)
         if repair:
             store._drop(key)
     return problems
-

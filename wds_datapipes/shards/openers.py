@@ -290,9 +290,22 @@ class _CommandStream:
     stays connected) gives its samples at once. A command that writes nothing for
     ``limits.pipe_timeout`` seconds mid-shard (a hung ``curl`` or ``aws s3 cp``) is stopped
     and the read fails naming it, instead of waiting forever while the other ranks time
-    out. A command still running ``limits.pipe_grace`` seconds after its output was closed
-    (read to the end, or closed early by the reader) is stopped, with the commands it
-    started, and reported: it would otherwise hold the epoch forever.
+    out.
+
+    Closing it says how the command ended:
+
+    - Closed before its output ended, the reader is done with it (tar's end-of-archive
+      block seen before the record padding arrived, a span ending mid-shard, a ``break``):
+      the command is stopped (its output closed, then ``SIGTERM`` to what its shell
+      started) without a wait, and whatever that makes it exit with (``curl``'s 23 for
+      a failed write, SIGPIPE, SIGTERM) is not an error. Only a command that had already
+      exited non-zero by then (it said it failed while writing what the reader took) is.
+    - Read to the end of its output: it must exit 0 (or die of SIGPIPE inside a pipeline
+      of its own) within ``limits.pipe_grace`` seconds; one still running then is stopped,
+      with the commands it started, and reported: it would otherwise hold the epoch forever.
+
+    ``succeeded`` is True once the command exited 0 after its whole output was read: the
+    shard cache keeps a copy only then.
     """
 
     def __init__(self, url: str, limits: Limits | None = None):
@@ -304,11 +317,14 @@ class _CommandStream:
                                       start_new_session=True)
         self._out = self._proc.stdout  # raw: a read returns what has arrived, not a full buffer
         self._passed = 0  # bytes read so far, for errors
+        self._ended = False  # its output was read to the end
+        self.succeeded = False
 
     def readinto(self, buffer) -> int:
         self._wait_for_output()
         n = self._out.readinto(buffer) or 0
         self._passed += n
+        self._ended = self._ended or (n == 0 and len(buffer) > 0)
         return n
 
     def read(self, size: int = -1) -> bytes:
@@ -316,6 +332,7 @@ class _CommandStream:
             self._wait_for_output()
             data = self._out.read(size) or b""
             self._passed += len(data)
+            self._ended = self._ended or (not data and size > 0)
             return data
         parts = []
         while chunk := self.read(1 << 20):
@@ -325,6 +342,8 @@ class _CommandStream:
     def _wait_for_output(self) -> None:
         """Returns once the command has written something or closed its output; a command
         silent for ``pipe_timeout`` seconds is stopped and the read fails."""
+        if self._out.closed:
+            raise ShardReadError(self.url, None, self._passed, "the command's output was closed")
         if not self.timeout:
             return
         ready, _, _ = select.select([self._out], [], [], self.timeout)
@@ -337,6 +356,13 @@ class _CommandStream:
     def close(self) -> None:
         if self._out.closed:
             return
+        if not self._ended:  # the reader is done with it: stopped, and that is no error
+            before = self._proc.poll()
+            self._out.close()
+            self._stop()
+            if before is not None and before not in _CLEAN_EXITS:
+                raise ShardOpenError(self.url, f"command exited with status {before}")
+            return
         self._out.close()
         try:
             status = self._proc.wait(timeout=self.grace)
@@ -344,16 +370,32 @@ class _CommandStream:
             self._stop()
             raise ShardOpenError(self.url, f"the command was still running {self.grace:g} s after its output "
                                            "was closed (Limits.pipe_grace); it was stopped") from None
-        # A reader that stops early closes the pipe; the command then dies of SIGPIPE.
-        if status not in (0, -13, 141):
+        if status not in _CLEAN_EXITS:
             raise ShardOpenError(self.url, f"command exited with status {status}")
+        self.succeeded = status == 0
 
     def _stop(self) -> None:
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._proc.wait()
+        """Stops the command and what its shell started: SIGTERM, then SIGKILL to what is left
+        after a moment (never ``pipe_grace``: a reader that is done does not wait)."""
+        for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, None)):
+            try:
+                os.killpg(self._proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self._proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+            if sig == signal.SIGTERM:  # the shell is gone; what it started in the background may not be
+                try:
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return
+
+
+# How a command that was read to its end may exit: 0, or SIGPIPE inside a pipeline of its own.
+_CLEAN_EXITS = (0, -13, 141)
 
 
 register_opener("file", _open_file)
