@@ -410,3 +410,16 @@ def test_exact_epochs_read_cached_shards_by_offsets(served, tmp_path):
     server.gets.clear()
     assert [first, epoch(1)] == expected
     assert sum(server.gets.values()) == 0  # every span read from the cached copies, by offsets
+
+
+def test_a_shard_index_read_over_http_with_the_cache_on_is_read_from_the_source_without_a_warning(
+        served, tmp_path, caplog):
+    server, urls, _ = served(n=2)
+    wd.ShardIndex.from_scans(wd.build_index(urls)).save(str(tmp_path / "remote" / "train.json"))
+    wd.set_cache(tmp_path / "cache", "1GB")
+    index_url = server.url("train.json")
+    with caplog.at_level(logging.WARNING, logger="wds_datapipes"):
+        for _ in range(2):
+            assert len(list(wd.ExactEpochs(index_url, batch_size=4))) > 0
+    assert [r for r in caplog.records if "shard cache" in r.getMessage()] == []
+    assert len(glob.glob(str(tmp_path / "cache" / "*.data"))) == 2  # the shards' copies, not the index's

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import IndexMismatchError, ShardOpenError, WdsError
 from ..shards.grouping import split_key
-from ..shards.openers import LocalPath, open_shard, stream_size, url_scheme
+from ..shards.openers import LocalPath, open_shard, open_source, stream_size, url_scheme
 from ..tar import iter_tar_places
 from .places import MemberPlaces, ShardPlaces, places_of_members, shard_stamp
 
@@ -358,7 +358,7 @@ def _what_it_is(data: bytes, error: ValueError) -> str:
 
 
 def _read_bytes(location: str) -> bytes:
-    stream = open_shard(location)
+    stream = open_source(location)  # an index and its side files: read once, from the source, never cached
     try:
         chunks = []
         while chunk := stream.read(1 << 20):
