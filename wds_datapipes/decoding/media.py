@@ -188,7 +188,8 @@ def decode_audio(data: bytes, spec: AudioSpec | None = None, limits: Limits | No
         return data if layout is None or not layout.streamed else WavView(data, layout)
 
     decoder = None
-    if layout is not None and spec.sample_rate is None:
+    # TorchCodec 0.17's WAV reader reads an extensible float WAV's samples as integers: FFmpeg reads those.
+    if layout is not None and spec.sample_rate is None and not (layout.extensible and layout.encoding == 3):
         try:
             decoder = decoders.WavDecoder(source())
         except RuntimeError:  # not PCM or float (a-law, ADPCM, ...): FFmpeg's decoders read it

@@ -24,8 +24,10 @@ UNKNOWN_SIZES = frozenset({0, 0xFFFFFFFF})
 
 class WavLayout(NamedTuple):
     """Where a WAV's samples are: ``offset`` of the first sample byte, ``size`` the bytes of whole
-    sample frames, ``header_size`` the data chunk's size field as written (at ``size_at``), and
-    whether it told no length (``streamed``)."""
+    sample frames, ``header_size`` the data chunk's size field as written (at ``size_at``),
+    whether it told no length (``streamed``), and ``encoding`` the format tag (an extensible
+    format's sub-format: 1 PCM, 3 float, ...; 0 where the header tells none) and whether the
+    format is WAVE_FORMAT_EXTENSIBLE."""
 
     offset: int
     size: int
@@ -33,6 +35,8 @@ class WavLayout(NamedTuple):
     size_at: int
     streamed: bool
     big_endian: bool
+    encoding: int = 0
+    extensible: bool = False
 
 
 def wav_layout(data: bytes | memoryview) -> WavLayout | None:
@@ -47,7 +51,7 @@ def wav_layout(data: bytes | memoryview) -> WavLayout | None:
         return None
     big = magic == b"RIFX"
     word, long = (">I", ">Q") if big else ("<I", "<Q")
-    at, block, ds64 = 12, 0, None
+    at, block, ds64, encoding, extensible = 12, 0, None, 0, False
     while True:
         if at + 8 > len(data):
             raise ValueError(f"truncated WAV: its {len(data)} bytes end in the header, before the data chunk")
@@ -59,7 +63,12 @@ def wav_layout(data: bytes | memoryview) -> WavLayout | None:
         if kind in (b"fmt ", b"ds64") and body + 16 > len(data):  # both hold at least 16 bytes
             raise ValueError(f"truncated WAV: its {len(data)} bytes end in its {kind.decode().strip()!r} chunk")
         if kind == b"fmt " and size >= 14:
-            (block,) = struct.unpack_from(">H" if big else "<H", data, body + 12)
+            short = ">H" if big else "<H"
+            (encoding,) = struct.unpack_from(short, data, body)
+            (block,) = struct.unpack_from(short, data, body + 12)
+            extensible = encoding == 0xFFFE
+            if extensible:  # the sub-format GUID starts with the tag
+                encoding = struct.unpack_from(short, data, body + 24)[0] if size >= 26 and body + 26 <= len(data) else 0
         elif kind == b"ds64":
             (ds64,) = struct.unpack_from(long, data, body + 8)  # riff size, then data size
         at = body + size + (size & 1)  # chunks are padded to an even size
@@ -71,10 +80,10 @@ def wav_layout(data: bytes | memoryview) -> WavLayout | None:
         if whole != present:
             raise ValueError(f"truncated WAV: its samples ({present} bytes, of unknown length) end inside a "
                              f"frame of {block} bytes")
-        return WavLayout(body, whole, size, at + 4, True, big)
+        return WavLayout(body, whole, size, at + 4, True, big, encoding, extensible)
     if declared > present:
         raise ValueError(f"truncated WAV: its header says {declared} bytes of samples, {present} follow")
-    return WavLayout(body, declared, size, at + 4, False, big)
+    return WavLayout(body, declared, size, at + 4, False, big, encoding, extensible)
 
 
 class WavView(io.RawIOBase):
