@@ -14,8 +14,8 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 import wds_datapipes as wd
 from wds_datapipes.decoding.media import (
-    Audio,
     AUDIO_COPIES,
+    Audio,
     AudioBatch,
     AudioSpec,
     Video,

@@ -116,7 +116,7 @@ class WavView(io.RawIOBase):
     def tell(self) -> int:
         return self._at
 
-    def readinto(self, buffer) -> int:  # noqa: ANN001 - any writable buffer
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         out = memoryview(buffer).cast("B")
         n = 0
         while n < len(out) and self._at < self._length:
