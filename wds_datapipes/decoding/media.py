@@ -19,7 +19,9 @@ Before anything is decoded, the container's metadata is checked against
 ``max_frame_pixels``, ``max_media_bytes``). A video's metadata comes from a demux of every
 packet (TorchCodec's exact mode: the frame count and times are the packets', not what a
 header claims); audio is decoded only up to what the limits allow, so a header that lies
-about the duration cannot make it decode more. Values equal TorchCodec's own decode of the
+about the duration cannot make it decode more, and ``max_media_bytes`` bounds what decoding
+audio takes at its peak (:data:`AUDIO_COPIES`). A WAV's chunks are read first
+(:mod:`.wav`): a cut one raises on every path, one written to a pipe decodes what follows. Values equal TorchCodec's own decode of the
 same bytes. :func:`collate_media` batches audio of different lengths (zero-padded, with
 the lengths); videos of one shape stack with the default ``batch_samples``.
 """
@@ -134,8 +136,11 @@ class VideoSpec:
     Args:
         start: seconds from the stream's start where the clip begins.
         duration: seconds of the clip; None: to the end.
-        num_frames: decode this many frames, evenly spaced over the clip (the frames shown at
-            ``start + i * clip / num_frames``).
+        num_frames: decode this many frames, evenly spaced over the clip: the i-th is the frame
+            shown at ``start + i * clip / num_frames``, i.e. the last frame starting at or
+            before that time plus ``FRAME_TIME_SLACK`` (1 ms, at most a quarter frame: floats
+            and containers' rounded times put frames a hair late), among those starting in the
+            clip. With num_frames <= clip x rate, each frame once, in order.
         fps: decode the frames shown at this rate over the clip (repeating or skipping frames).
         extensions: the suffixes (last dot-part) decoded as video.
     """
