@@ -61,7 +61,7 @@ class Limits:
             tensor; audio (float32 samples x channels) costs ``AUDIO_COPIES`` times its
             size (wds_datapipes/decoding/media.py: 2.5 through FFmpeg, which holds the
             decoded frames and their concatenation, 1 through TorchCodec's WAV reader, plus
-            1/channels to mix to mono; measured 2.07-2.23 and 1.0-1.5), so 256 MiB allows
+            1/channels to mix to mono; measured 2.06-2.27, 2.57 to mono, and 1.0-1.5), so 256 MiB allows
             about 838 s of 16 kHz stereo through FFmpeg. All four are checked from the
             container's metadata before anything is decoded.
     """
