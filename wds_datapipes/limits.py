@@ -58,9 +58,14 @@ class Limits:
         max_video_frames: the most frames decoded from one video field: default 2048.
         max_frame_pixels: the largest video frame decoded, in pixels (width x height):
             default 2**23 (4K UHD, 3840 x 2160, fits).
-        max_media_bytes: the most one decoded audio or video field may take (float32
-            samples x channels, or frames x 3 x pixels): default 256 MiB. All four are
-            checked from the container's metadata before anything is decoded.
+        max_media_bytes: the most one audio or video field may take while it is decoded:
+            default 256 MiB. A video's frames (frames x 3 x pixels) are decoded into one
+            tensor; audio (float32 samples x channels) costs ``AUDIO_COPIES`` times its
+            size (wds_datapipes/decoding/media.py: 2.5 through FFmpeg, which holds the
+            decoded frames and their concatenation, 1 through TorchCodec's WAV reader, plus
+            1/channels to mix to mono; measured 2.06-2.27, 2.57 to mono, and 1.0-1.5), so 256 MiB allows
+            about 838 s of 16 kHz stereo through FFmpeg. All four are checked from the
+            container's metadata before anything is decoded.
     """
 
     max_member_bytes: int = 128 * MiB

@@ -19,7 +19,9 @@ Before anything is decoded, the container's metadata is checked against
 ``max_frame_pixels``, ``max_media_bytes``). A video's metadata comes from a demux of every
 packet (TorchCodec's exact mode: the frame count and times are the packets', not what a
 header claims); audio is decoded only up to what the limits allow, so a header that lies
-about the duration cannot make it decode more. Values equal TorchCodec's own decode of the
+about the duration cannot make it decode more, and ``max_media_bytes`` bounds what decoding
+audio takes at its peak (:data:`AUDIO_COPIES`). A WAV's chunks are read first
+(:mod:`.wav`): a cut one raises on every path, one written to a pipe decodes what follows. Values equal TorchCodec's own decode of the
 same bytes. :func:`collate_media` batches audio of different lengths (zero-padded, with
 the lengths); videos of one shape stack with the default ``batch_samples``.
 """
@@ -36,11 +38,13 @@ import torch
 
 from ..limits import Limits, get_limits
 from ..pipes.batching import collate
+from .wav import WavView, wav_layout
 
 if TYPE_CHECKING:
     from .specs import DecodeContext
 
 __all__ = [
+    "AUDIO_COPIES",
     "AUDIO_EXTENSIONS",
     "VIDEO_EXTENSIONS",
     "Audio",
@@ -58,6 +62,18 @@ __all__ = [
 
 AUDIO_EXTENSIONS = frozenset({"flac", "wav", "mp3", "ogg", "oga", "opus", "m4a"})
 VIDEO_EXTENSIONS = frozenset({"mp4", "m4v", "mov", "webm", "mkv", "avi", "ogv"})
+
+#: How many times the size of its output (float32 channels x samples) decoding one audio field
+#: takes at its peak, which ``Limits.max_media_bytes`` bounds: FFmpeg's path (TorchCodec's
+#: AudioDecoder) holds the decoded frames and then their concatenation, and a little more;
+#: TorchCodec's WAV reader writes the samples once. Mixing to mono adds 1/channels on the WAV
+#: path (on FFmpeg's, the frames are gone by then). tests/decoding/test_media_memory.py
+#: measures the peak of each path under these budgets.
+AUDIO_COPIES = {"ffmpeg": 2.5, "wav": 1.0}
+
+#: Seconds by which a frame may start after a time and still count as the one shown at it
+#: (``VideoSpec(num_frames=...)``): Matroska and WebM round timestamps to the millisecond.
+FRAME_TIME_SLACK = 1e-3
 
 
 class Audio(NamedTuple):
@@ -120,8 +136,11 @@ class VideoSpec:
     Args:
         start: seconds from the stream's start where the clip begins.
         duration: seconds of the clip; None: to the end.
-        num_frames: decode this many frames, evenly spaced over the clip (the frames shown at
-            ``start + i * clip / num_frames``).
+        num_frames: decode this many frames, evenly spaced over the clip: the i-th is the frame
+            shown at ``start + i * clip / num_frames``, i.e. the last frame starting at or
+            before that time plus ``FRAME_TIME_SLACK`` (1 ms, at most a quarter frame: floats
+            and containers' rounded times put frames a hair late), among those starting in the
+            clip. With num_frames <= clip x rate, each frame once, in order.
         fps: decode the frames shown at this rate over the clip (repeating or skipping frames).
         extensions: the suffixes (last dot-part) decoded as video.
     """
@@ -157,38 +176,52 @@ def decode_audio(data: bytes, spec: AudioSpec | None = None, limits: Limits | No
                  extension: str | None = None) -> Audio:
     """Decode audio bytes (any format FFmpeg reads) as ``spec`` says; see :class:`AudioSpec`.
 
-    Raises ValueError for data that is corrupt, truncated (where FFmpeg notices) or over the
-    limits (``max_media_seconds``, ``max_media_bytes``), before decoding where the metadata
-    tells, and otherwise as soon as the decoded audio reaches them. ``extension`` ``"wav"``
-    takes TorchCodec's faster WAV reader for PCM and float WAVs.
+    Raises ValueError for data that is corrupt, truncated (a WAV always: its chunks are read
+    first, on every path; other formats where FFmpeg notices) or over the limits
+    (``max_media_seconds``, and ``max_media_bytes`` for the memory the decode takes, see
+    :data:`AUDIO_COPIES`), before decoding where the metadata tells, and otherwise as soon
+    as the decoded audio reaches them. A WAV of unknown length (written to a pipe) holds the
+    sample frames that follow its header. PCM and float WAVs not resampled take TorchCodec's
+    faster WAV reader; ``extension`` is accepted for compatibility (the bytes tell a WAV).
     """
     spec = spec or AudioSpec()
     limits = limits or get_limits()
     decoders = _torchcodec()
+    layout = wav_layout(data)  # None: not a WAV
+
+    def source() -> bytes | WavView:
+        return data if layout is None or not layout.streamed else WavView(data, layout)
+
     decoder = None
-    if extension == "wav" and spec.sample_rate is None:
+    # TorchCodec 0.17's WAV reader reads an extensible float WAV's samples as integers: FFmpeg reads those.
+    if layout is not None and spec.sample_rate is None and not (layout.extensible and layout.encoding == 3):
         try:
-            decoder = decoders.WavDecoder(data)
+            decoder = decoders.WavDecoder(source())
         except RuntimeError:  # not PCM or float (a-law, ADPCM, ...): FFmpeg's decoders read it
             decoder = None
+    fast = decoder is not None
     if decoder is None:
-        decoder = _media_call("audio", decoders.AudioDecoder, data, sample_rate=spec.sample_rate)
+        decoder = _media_call("audio", decoders.AudioDecoder, source(), sample_rate=spec.sample_rate)
     meta = decoder.metadata
     channels, rate_in = max(meta.num_channels or 1, 1), max(meta.sample_rate or 1, 1)
-    # FFmpeg decodes at the stream's rate, then resamples: the larger of the two bounds the memory.
-    per_second = 4 * channels * max(rate_in, spec.sample_rate or 0)
+    rate_out = spec.sample_rate or rate_in
+    copies = AUDIO_COPIES["wav" if fast else "ffmpeg"]
+    if spec.mono and channels > 1:
+        copies += 1 / channels  # the mean, beside the samples (and the freed frames, still resident)
+    # The bytes a second of the output costs while it is decoded (see AUDIO_COPIES).
+    per_second = 4 * channels * rate_out * copies
     allowed = min(limits.max_media_seconds, limits.max_media_bytes / per_second)
     header = meta.duration_seconds_from_header
     length = spec.duration if spec.duration is not None else None if header is None else header - spec.start
     if length is not None and length > allowed:
-        raise ValueError(_too_long("audio", length, allowed, channels, rate_in, limits))
+        raise ValueError(_too_long("audio", length, allowed, channels, rate_out, copies, limits))
     start = (meta.begin_stream_seconds or 0.0) + spec.start
     stop = start + (spec.duration if spec.duration is not None else allowed)  # a bound even if the header lies
     samples = _media_call("audio", decoder.get_samples_played_in_range, start, stop)
     audio = samples.data
     # Reaching the bound means more may follow. Decoders start a few ms late (priming), hence the slack.
     if spec.duration is None and samples.pts_seconds + audio.shape[1] / samples.sample_rate >= stop - 0.05:
-        raise ValueError(_too_long("audio", allowed, allowed, channels, rate_in, limits, at_least=True))
+        raise ValueError(_too_long("audio", allowed, allowed, channels, rate_out, copies, limits, at_least=True))
     if spec.mono and audio.shape[0] > 1:
         audio = audio.mean(dim=0, keepdim=True)
     return Audio(audio, int(samples.sample_rate))
@@ -232,7 +265,7 @@ def decode_video(data: bytes, spec: VideoSpec | None = None, limits: Limits | No
         count = total if whole or not rate else min(total, _frames_in(length, rate))
     _check_frames(count, width, height, limits)
     if spec.num_frames is not None:
-        times = [start + i * length / spec.num_frames for i in range(spec.num_frames)]
+        times = _sample_times(start, stop, spec.num_frames, (end - begin) / max(total, 1))
         batch = _media_call("video", decoder.get_frames_played_at, times)
     elif whole:
         batch = _media_call("video", decoder.get_all_frames)
@@ -244,6 +277,16 @@ def decode_video(data: bytes, spec: VideoSpec | None = None, limits: Limits | No
     _check_frames(decoded, width, height, limits)  # a variable-rate clip may hold more than its average says
     fps = spec.fps or (spec.num_frames / length if spec.num_frames else rate)
     return Video(batch.data, batch.pts_seconds, float(fps))
+
+
+def _sample_times(start: float, stop: float, count: int, frame: float) -> list[float]:
+    """The times whose frames ``VideoSpec(num_frames=count)`` takes: ``start + i * clip / count``,
+    each a little later (``FRAME_TIME_SLACK``, at most a quarter of a ``frame``'s duration) so
+    that a frame a float or a container's rounding puts a hair after it still counts as shown
+    there; kept inside the clip."""
+    slack = min(FRAME_TIME_SLACK, frame / 4)
+    last = math.nextafter(stop, -math.inf)
+    return [min(start + i * (stop - start) / count + slack, last) for i in range(count)]
 
 
 def _frames_in(seconds: float, fps: float) -> int:
@@ -261,10 +304,11 @@ def _check_frames(count: int, width: int, height: int, limits: Limits) -> None:
                          f"{limits.max_media_bytes} (Limits.max_media_bytes)")
 
 
-def _too_long(kind: str, seconds: float, allowed: float, channels: int, rate: int, limits: Limits,
+def _too_long(kind: str, seconds: float, allowed: float, channels: int, rate: int, copies: float, limits: Limits,
               at_least: bool = False) -> str:
     which = ("max_media_seconds" if allowed == limits.max_media_seconds
-             else f"max_media_bytes, {limits.max_media_bytes} bytes of {channels} x {rate} Hz float32")
+             else f"max_media_bytes, {limits.max_media_bytes} bytes for {channels} x {rate} Hz float32, "
+                  f"which takes {copies:g}x its size while it is decoded")
     return (f"the {kind} is {'at least ' if at_least else ''}{seconds:.1f} s long: more than the limit of "
             f"{allowed:.1f} s (Limits.{which})")
 
