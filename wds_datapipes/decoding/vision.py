@@ -18,7 +18,8 @@ torchvision's own transform of the same decoded image; without it, Pillow decode
 resizes (bilinear with its own antialiasing: close, not equal). JPEG and PNG are decoded
 by ``torchvision.io`` up to torchvision 0.28, and by TorchCodec's image decoders where
 torchvision deprecates its own (0.29 on) and TorchCodec is installed: the same pixels at
-the same speed (``tests/decoding/test_vision.py``, ``make bench``).
+the same speed (``tests/decoding/test_vision.py``, ``make bench``); YCbCr and greyscale
+JPEGs by simplejpeg where installed: their exact pixels, faster (``test_crop_fast_path.py``).
 """
 
 from __future__ import annotations
