@@ -1,6 +1,6 @@
 """Throughput of wds_datapipes against its peers and against the bare loops, on the same data, in one run.
 
-    python benchmarks/bench_pipeline.py [--photos 2000] [--repeats 2] [--quick]
+    python benchmarks/bench_pipeline.py [--photos 2000] [--repeats 2] [--rounds 5] [--quick]
 
 Writes its data once (reused between runs; --data DIR):
 - photos: 2,000 photo-like JPEGs of 300-500 px per side (quality 90, ~50 KB) with a label;
@@ -26,6 +26,12 @@ Then times, each row the best of --repeats after a warm-up read (page cache):
    loader (its workers start) and a later epoch of one whose workers are kept, timed in
    turn with the ceiling; webdataset's recipe under DataLoader(num_workers=2); and the
    time to each loader's first batch;
+3b. every front door of ours beside webdataset, wids and LitData on 2 cores (benchmarks/front_doors.py):
+   the ceiling, ours in one process, under DataLoader (decode_batches, and the generic
+   decode("torchrgb8").map_fields(...) recipe), DataLoader2 and StatefulDataLoader, and the
+   peers decoding and cropping with the ceiling's decoder and transform, each epoch timed
+   from building its loader, the rows in turn --rounds times: medians of the wall clock and
+   of CPU seconds per 1,000 samples (this process and its workers);
 4. uniform small images: decode_batches into the batch (no transform) against the bare
    decoder, in one and two threads;
 5. shuffled raw samples (photos): shuffle_samples(1000), ExactEpochs' shuffle (and its
@@ -60,6 +66,7 @@ warnings.filterwarnings("ignore", message=r"(?s).*'datapipes', 'dataloader2' mod
 
 import torchvision
 import webdataset as wds
+from front_doors import front_doors, timed_in_turn
 from shards import make_jpeg_shards, make_payload_shards, make_photo_shards
 from torchvision.transforms import v2 as T
 
@@ -369,9 +376,17 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-datapipes-bench"))
+    parser.add_argument("--rounds", type=int, default=5, help="turns of the rows timed in turn (sections 1, 3, 3b)")
+    parser.add_argument("--quick", action="store_true",
+                        help="500 photos, fewer samples elsewhere, 1 repeat, 2 rounds, data in DATA-quick: "
+                             "checks that the script runs")
     parser.add_argument("--shuffled", choices=["default", "keep_freed_memory"],
                         help="only section 5's rows with this allocator (main runs it in a fresh process)")
     args = parser.parse_args()
+    if args.quick:
+        args.photos, args.repeats, args.rounds = min(args.photos, 500), 1, 2
+        args.data = args.data if args.data.endswith("-quick") else args.data + "-quick"
+    turns = args.rounds if args.quick else max(args.rounds, 5)
     torch.set_num_threads(1)  # the loaders' own threads and processes are what is measured
     if args.shuffled:
         print(json.dumps(shuffled_rates(args)))
@@ -381,14 +396,16 @@ def main() -> None:
           f"python {platform.python_version()}, torch {torch.__version__}, torchvision {torchvision.__version__}"
           + ("" if litdata is None else f", litdata {litdata.__version__}"))
     photos = make_photo_shards(os.path.join(args.data, "photos"), args.photos)
-    payloads = {kb: make_payload_shards(os.path.join(args.data, "payload"), kb) for kb in (1, 16, 100)}
-    small = make_jpeg_shards(args.data)
-    small_files = [small.replace("{000000..000007}", f"{i:06d}") for i in range(8)]
+    payloads = {kb: make_payload_shards(os.path.join(args.data, "payload"), kb, count=1000 if args.quick else 4000)
+                for kb in (1, 16, 100)}
+    small_shards = 2 if args.quick else 8
+    small = make_jpeg_shards(args.data, shards=small_shards)
+    small_files = [small.replace(f"{{000000..{small_shards - 1:06d}}}", f"{i:06d}") for i in range(small_shards)]
     for files in (photos, *payloads.values(), small_files):
         count_samples(wd.ShardLister(files).load_tar())  # warm the page cache
     table = Table(args.repeats)
     row = table.row
-    print(f"data: {args.photos} photos in {len(photos)} shards; payloads of 1/16/100 KB; 8,000 small JPEGs. "
+    print(f"data: {args.photos} photos in {len(photos)} shards; payloads of 1/16/100 KB; {small_shards},000 small JPEGs. "
           f"Best of {args.repeats}; samples/s\n")
 
     print("1. raw grouped samples, no decoding (wall clock; this process's CPU time beside it)")
@@ -413,7 +430,7 @@ def main() -> None:
             lambda i=index: bare_places(i, dicts=True)
         makes[f"reading the tar files whole, {label}"] = lambda f=files, n=total: read_whole(f, n)
         # In turns: the ratios to reading whole are targets, and the machine's speed moves.
-        rates = list(table.interleaved(makes, expect=total, repeats=max(5, args.repeats)).values())
+        rates = list(table.interleaved(makes, expect=total, repeats=turns).values())
         ours, placed, views, theirs = rates[:4]
         lit = rates[4] if litdata is not None else None
         raw[label] = (ours, placed, views, theirs, lit, *rates[-3:])
@@ -448,7 +465,7 @@ def main() -> None:
                 makes.update({f"eval: ours under {n}, later epochs (workers kept)": lambda n=n: started[n]
                               for n in started})
             # The machine's speed moves 20% within seconds (CPU time of the same loop): 5 turns at least.
-            rates = table.interleaved(makes, expect=len(jpgs), repeats=max(args.repeats, 5))
+            rates = table.interleaved(makes, expect=len(jpgs), repeats=turns)
             two[name] = (rates[ours_row], rates[ceiling_row])
             if name == "eval":
                 loader_rates = {n: (rates[f"eval: ours under {n}, first epoch (workers start)"],
@@ -463,6 +480,15 @@ def main() -> None:
     first = {name: statistics.median(seconds) for name, seconds in starts.items()}
     for name, seconds in first.items():
         print(f"  time to the first batch, {name:<52} {seconds * 1000:8.0f} ms (median of 5)")
+
+    print(f"\n3b. every front door on 2 cores, eval crops, epochs timed from building the loader; medians of {turns} "
+          "rounds in turn")
+    sizes = [count_samples(wd.ShardLister([f]).load_tar().group_by_key()) for f in photos]
+    lit_photos = None if litdata is None else litdata_copy(
+        photos, os.path.join(args.data, "litdata", f"photos-{len(jpgs)}"))
+    doors = timed_in_turn(front_doors(photos, jpgs, sizes, BATCH, EVAL, torchvision_transform(EVAL), bare_vision,
+                                      ours_vision, through_dataloader2 if DataLoader2 is not None else None,
+                                      lit_photos), count_samples, expect=len(jpgs), rounds=turns)
 
     print("\n4. uniform small images (256x256 JPEG), decoded into the batch (wall clock)")
     table.cpu = True
@@ -534,6 +560,17 @@ def main() -> None:
           f"ours / webdataset {default / default_wds:4.1f}x (default), {kept / kept_wds:4.1f}x (kept)")
     print(f"  shuffled raw photos, ExactEpochs by places: in order / shuffled {default_in_order / default_exact:4.2f}x "
           f"(default allocator), {kept_in_order / kept_exact:4.2f}x (kept)")
+    ceiling_wall, ceiling_cpu = next(iter(doors.values()))
+    ours_doors = {name: rates for name, rates in doors.items() if name.startswith("ours")}
+    peers = {name: rates for name, rates in doors.items() if not name.startswith(("ours", "bare"))}
+    best_peer = max(peers.values(), default=(0.0, 1.0))
+    for name, (wall, cpu) in ours_doors.items():
+        print(f"  2 cores, {name.removeprefix('ours, ')}: {wall / ceiling_wall:4.0%} of the ceiling [>= 90%], "
+              f"/ best peer {wall / best_peer[0]:4.2f}x [> 1]; CPU per sample / the ceiling's {cpu / ceiling_cpu:4.2f}, "
+              f"/ the thriftiest peer's {cpu / min((c for _, c in peers.values()), default=cpu):4.2f}")
+    for name, (wall, cpu) in peers.items():
+        print(f"  2 cores, {name.split(',')[0]}: {wall / ceiling_wall:4.0%} of the ceiling, "
+              f"CPU per sample / the ceiling's {cpu / ceiling_cpu:4.2f}")
     print(f"  small images: decode_batches / bare decoder {ours_one / bare_one:4.0%} (one process), "
           f"{ours_two / bare_two:4.0%} (2 threads)")
 

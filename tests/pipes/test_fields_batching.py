@@ -185,6 +185,55 @@ def test_collate_stacks_tensors_of_any_layout_as_torch_stack_does(layout):
     assert all(torch.equal(x.detach(), b) for x, b in zip(items, before))  # a copy, not a view of an item
 
 
+def _crops(widths: list[int]) -> list[torch.Tensor]:
+    """Centre crops (CHW views) of HWC images of different widths, as a crop transform makes them."""
+    images = [torch.from_numpy(np.random.default_rng(w).integers(0, 255, (6, w, 3), dtype=np.uint8)) for w in widths]
+    return [x.permute(2, 0, 1)[:, 1:5, (w - 4) // 2 : (w - 4) // 2 + 4] for x, w in zip(images, widths)]
+
+
+def test_crops_of_images_of_different_widths_stack_in_their_layout_through_numpy():
+    """Oracle: torch.stack. Views of different strides but one dimension order are copied by
+    numpy into one NHWC buffer (the fast path), not handed to torch.stack (contiguous NCHW)."""
+    items = _crops([7, 9, 12, 30])
+    assert len({x.stride() for x in items}) == 4
+    out = collate(items)
+    assert torch.equal(out, torch.stack(items))
+    assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def _collate_in_a_child(queue) -> None:
+    batch = collate(_crops([7, 9, 12]))
+    queue.put((batch.is_shared(), np.ascontiguousarray(batch.numpy())))  # by value: the child may exit
+
+
+def test_a_batch_collated_in_a_child_process_is_made_in_shared_memory():
+    """A loader's worker sends a batch in shared memory as it is; else torch copies it into new
+    shared memory at the send (torch's default_collate allocates it there the same way)."""
+    import multiprocessing
+
+    assert not collate(_crops([7, 9, 12])).is_shared()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_collate_in_a_child, args=(queue,))
+    child.start()
+    try:
+        shared, batch = queue.get(timeout=60)
+    finally:
+        child.join(timeout=60)
+    assert shared
+    assert torch.equal(torch.from_numpy(batch), torch.stack(_crops([7, 9, 12])))
+
+
+def test_batch_samples_under_a_dataloader_gives_the_batches_of_one_process():
+    samples = [{"x": torch.full((2, 3), float(i)), "n": i} for i in range(10)]
+    loader = torch.utils.data.DataLoader(IterableWrapper(samples).batch_samples(4), batch_size=None, num_workers=1,
+                                         timeout=60)
+    expected = list(IterableWrapper(samples).batch_samples(4))
+    got = list(loader)
+    assert len(got) == len(expected) == 3
+    assert all(torch.equal(a["x"], b["x"]) and torch.equal(a["n"], b["n"]) for a, b in zip(got, expected))
+
+
 def test_collate_stacks_conjugate_views_as_torch_stack_does():
     items = [torch.complex(torch.ones(2, 3), torch.full((2, 3), float(i))).conj() for i in range(3)]
     assert torch.equal(collate(items), torch.stack(items))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import collections
-import math
-import multiprocessing
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future
 
@@ -15,7 +13,7 @@ from ..errors import DecodeError
 from ..handlers import EXACT_EPOCH_FLAG, Handler, reraise_exception
 from ..limits import Limits
 from ..pipe_base import Pipe
-from ..pipes.batching import chunks, collate
+from ..pipes.batching import chunks, collate, new_batch
 from ..threads import check_positive, worker_threads
 from ..topology import EpochClock
 from ..torch_datapipes import IterDataPipe, functional_datapipe
@@ -318,11 +316,8 @@ def _decode_row(data: bytes, mode: str, row: np.ndarray) -> bool:
 def _new_rows(shape: tuple[int, ...]) -> torch.Tensor:
     """An uninitialised uint8 tensor for a batch's rows; in shared memory in a loader's worker
     process, which sends it to the main process without copying it there (~5 ms a batch of
-    64 224x224 crops on this machine, ~8% of decoding it)."""
-    if multiprocessing.parent_process() is None:
-        return torch.empty(shape, dtype=torch.uint8)
-    storage = torch.UntypedStorage._new_shared(math.prod(shape))
-    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+    64 224x224 crops on this machine, ~8% of decoding it): :func:`new_batch`."""
+    return new_batch(shape)
 
 
 def _settled(result: object) -> Future:

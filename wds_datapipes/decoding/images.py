@@ -226,6 +226,14 @@ def _jpeg_pixels(data: bytes, mode: str, max_pixels: int | None = None) -> np.nd
         return None
 
 
+def exact_jpeg_pixels(data: bytes, mode: str, max_pixels: int) -> np.ndarray | None:
+    """A JPEG's HxWxC (HxW for L) uint8 pixels from simplejpeg where they are exactly
+    Pillow's, and so torchvision's and TorchCodec's (YCbCr or greyscale, at most
+    ``max_pixels``); None where another decoder must decide (no simplejpeg, CMYK, too
+    large, anything simplejpeg refuses)."""
+    return _jpeg_pixels(data, mode, max_pixels)
+
+
 def _exact_jpeg_header(data: bytes, max_pixels: int) -> tuple[int, int, str] | None:
     """(height, width, colorspace) of a JPEG that simplejpeg decodes to Pillow's exact
     pixels (YCbCr or greyscale, within Pillow's size guard and ``max_pixels``), else None

@@ -18,9 +18,11 @@ torchvision's own transform of the same decoded image; without it, Pillow decode
 resizes (bilinear with its own antialiasing: close, not equal). JPEG and PNG are decoded
 by ``torchvision.io`` up to torchvision 0.28, and by TorchCodec's image decoders where
 torchvision deprecates its own (0.29 on) and TorchCodec is installed: the same pixels at
-the same speed (``tests/decoding/test_vision.py``, ``make bench``). A 16-bit PNG becomes
-8-bit by each value's high byte, as on every image path (docs/reading.md). torchvision is
-imported by the first crop (:func:`torchvision_parts`), not with this module.
+the same speed (``tests/decoding/test_vision.py``, ``make bench``); YCbCr and greyscale
+JPEGs by simplejpeg where installed: their exact pixels, faster (``test_crop_fast_path.py``).
+A 16-bit PNG becomes 8-bit by each value's high byte, as on every image path
+(docs/reading.md). torchvision is imported by the first crop (:func:`torchvision_parts`),
+not with this module.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import numpy as np
 import PIL.Image
 import torch
 
-from .images import check_image_pixels, open_image
+from .images import check_image_pixels, exact_jpeg_pixels, open_image
 
 __all__ = ["CenterCrop", "Crop", "RandomResizedCrop", "decode_crops_on", "decode_transform_into", "tensor_decoders"]
 
@@ -183,8 +185,17 @@ def decode_transform_into(data: bytes, formats: tuple[str, ...], transform, key:
                           row: torch.Tensor, max_pixels: int) -> None:
     """Decodes image bytes (as one of ``formats``), transforms them, writes them into ``row``
     (3xSxS uint8); an image of more than ``max_pixels`` is refused from its header."""
-    check_image_pixels(data, formats, max_pixels)
     decoders = tensor_decoders()
+    if decoders is not None and formats == ("JPEG",):
+        # simplejpeg gives the library decoders' exact pixels for YCbCr and greyscale JPEGs
+        # at ~0.85x their CPU time (no CHW copy, no bytearray copy; bench_pipeline.py --cpu):
+        # its HxWxC array is cropped as a CHW view. Any other JPEG takes the path below.
+        pixels = exact_jpeg_pixels(data, "RGB", max_pixels)
+        if pixels is not None:
+            image = torch.from_numpy(pixels).permute(2, 0, 1)
+            row.copy_(apply_crop(image, transform.crop(image.shape[1], image.shape[2], key, epoch)))
+            return
+    check_image_pixels(data, formats, max_pixels)
     if decoders is not None and _tensor_decodable(data, formats):
         writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
         encoded = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)  # torch warns on read-only
