@@ -99,6 +99,8 @@ class _SeededOrder(Pipe[str]):
     every worker and rank, and the split stays a partition.
     """
 
+    orders_name = "the shard lister (shuffle=True)"  # how a checkpoint's refusal names it
+
     def __init__(self, source_datapipe: IterDataPipe[str], shuffle: bool, seed: int | None):
         self.source_datapipe = source_datapipe
         self.shuffle_order = shuffle  # not ``shuffle``: that name is torch's .shuffle() pipe
@@ -111,6 +113,11 @@ class _SeededOrder(Pipe[str]):
 
     def set_epoch(self, epoch: int) -> None:
         self.seeds.epoch = epoch
+
+    @property
+    def draws_orders(self) -> bool:
+        """Whether its order comes from its seeds (a lister that does not shuffle draws nothing)."""
+        return self.shuffle_order
 
     def __iter__(self) -> Iterator[str]:
         urls = list(self.source_datapipe)
