@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-import torch
 from builders import write_index
 from stack import needs_dataloader2
 from torch.utils.data import DataLoader
