@@ -10,6 +10,10 @@ its main branch warns on import). Every module here takes those pieces from this
   ``IterableDataset`` with functional names and a yield counter, and a ``ShardingFilter``
   that the listers split themselves by rank and worker. DataLoader and StatefulDataLoader
   then see ordinary iterable datasets, and everything but DataLoader2 keeps working.
+
+Two pieces of our own work on either: :func:`walk_graph` (torch's graph walk, or one
+through attributes where torch cannot pickle a graph) and :func:`add_graph_attributes`
+(names a pipe answers only where its graph calls for them: the loaders' hooks).
 """
 
 from __future__ import annotations
