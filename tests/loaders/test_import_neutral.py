@@ -201,3 +201,35 @@ def test_a_shard_listers_checkpoint_is_small_and_walks_nothing_per_batch(graph_w
     few, many = _lister_states(1_000, graph_walks), _lister_states(100_000, graph_walks)
     assert max(map(len, many)) < 2_000  # the state holds no URL
     assert [len(s) for s in many] == [len(s) for s in few]  # and does not grow with their number
+
+
+# ---------------------------------------------------------------- which pipelines have the hooks
+
+
+def _hook_names(dp) -> set[str]:
+    return {name for name in ("set_epoch", "state_dict", "load_state_dict") if hasattr(dp, name)}
+
+
+@needs_torch_datapipes
+def test_the_hooks_are_on_pipelines_whose_pipes_of_ours_draw_per_epoch_orders_only():
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    samples = [{"__key__": f"k{i}", "txt": b"x"} for i in range(6)]
+    assert _hook_names(IterableWrapper(samples).map(_identity).batch(2)) == set()
+    assert _hook_names(IterableWrapper(samples).decode().batch(2)) == set()  # ours, but it draws nothing
+    shuffled = IterableWrapper(samples).shuffle_samples(4, seed=1).map(_identity).batch(2)
+    assert _hook_names(shuffled) == {"set_epoch", "state_dict", "load_state_dict"}
+    assert _hook_names(wd.ShardLister(["a.tar"]).map(_identity)) == {"set_epoch", "state_dict", "load_state_dict"}
+
+
+@needs_torch_datapipes
+def test_set_epoch_where_nothing_listens_does_nothing_and_says_so_at_debug(caplog):
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    from wds_datapipes.loaders.hooks import pipeline_set_epoch
+
+    dp = IterableWrapper(range(4)).batch(2)
+    with caplog.at_level("DEBUG", logger="wds_datapipes"):
+        pipeline_set_epoch(dp, 3)
+    assert list(dp) == [[0, 1], [2, 3]]
+    assert "nothing upstream draws per-epoch orders" in caplog.text
