@@ -2,8 +2,9 @@
 
 Importing this package registers the functional names: ``list_shards``, ``load_tar``,
 ``group_by_key``, ``decode``, ``decode_batches``, ``shuffle_samples``, ``batch_samples``, ``to_tuple``,
-``rename_keys``, ``map_fields``; and, on every DataPipe, ``state_dict``, ``load_state_dict`` and
-``set_epoch``, which reach an :class:`ExactEpochs` or :class:`MixedEpochs` upstream. It imports no torchdata:
+``rename_keys``, ``map_fields``; and, on every pipeline holding a pipe of ours that draws per-epoch
+orders (and on no other), ``state_dict``, ``load_state_dict`` and ``set_epoch``, which reach an
+:class:`ExactEpochs` or :class:`MixedEpochs` (or the shuffles) upstream. It imports no torchdata:
 ``wds_datapipes.MultiProcessingReadingService`` (DataLoader2's, with a fixed worker loop) imports
 it when first used, and torchdata's own service is given the same loop for graphs of our
 pipes when it is imported (:mod:`wds_datapipes.loaders.dataloader2`).
@@ -34,7 +35,7 @@ from .errors import (
 from .handlers import ignore_and_continue, reraise_exception, warn_and_continue
 from .limits import Limits, get_limits, set_limits
 from .loaders import dataloader2 as _dataloader2
-from .loaders import hooks  # noqa: F401 - registers state_dict, load_state_dict, set_epoch on every pipe
+from .loaders import hooks  # noqa: F401 - state_dict, load_state_dict, set_epoch on pipelines of ours
 from .pipes.batching import Batcher, collate
 from .pipes.fields import FieldMapper, KeyRenamer, TupleMaker
 from .pipes.mixing import RandomMix

@@ -6,10 +6,14 @@ different ways, and this module turns all of them into the same answers:
 
 - **Rank and world.** Explicit arguments first; then what a loader applied through
   ``apply_sharding`` (DataLoader2's ``DistributedReadingService``, or the plain
-  DataLoader's combined rank-and-worker split); then ``torch.distributed`` when it is
-  initialised; then what was captured from it when the pipe was pickled for a worker
-  process (a spawned worker has no process group of its own); then the ``RANK`` /
-  ``WORLD_SIZE`` environment variables that ``torchrun`` sets; else rank 0 of 1.
+  DataLoader's combined rank-and-worker split, where that split counts more than one
+  rank); then ``torch.distributed`` when it is initialised; then what was captured from
+  it when the pipe was pickled for a worker process (a spawned worker has no process
+  group of its own); then the ``RANK`` / ``WORLD_SIZE`` environment variables that
+  ``torchrun`` sets; else rank 0 of 1. DataLoader takes its ranks from a process group
+  only: with ``RANK``/``WORLD_SIZE`` and no process group it splits by worker alone, and
+  the ranks come from the environment (:meth:`ShardingRecord.loader_splits_ranks` says
+  which happened).
 - **Worker and workers.** What DataLoader2's ``MultiProcessingReadingService`` applied,
   else the DataLoader's worker info, else worker 0 of 1.
 - **Epochs.** :class:`EpochClock` counts them as the loaders start them: a ``set_seed``
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -103,6 +108,13 @@ class ShardingRecord:
         self.combined: tuple[int, int] | None = None  # the plain DataLoader's (instance, instances)
         self.captured: tuple[int, int] | None = None
 
+    def take_groups(self, groups: Mapping) -> None:
+        """Takes the loaders' splits from a ShardingFilter's ``groups`` ({group: (instances, instance)})."""
+        found = {group: (instance, instances) for group, (instances, instance) in groups.items()}
+        self.distributed = found.get(SHARDING_PRIORITIES.DISTRIBUTED)
+        self.multiprocessing = found.get(SHARDING_PRIORITIES.MULTIPROCESSING)
+        self.combined = found.get(SHARDING_PRIORITIES.DEFAULT)
+
     def apply(self, num_instances: int, instance_id: int, group=None) -> None:
         if group == SHARDING_PRIORITIES.DISTRIBUTED:
             self.distributed = (instance_id, num_instances)
@@ -119,22 +131,34 @@ class ShardingRecord:
 
     def resolve(self) -> Topology:
         worker, workers = self.multiprocessing or loader_worker() or (0, 1)
-        if self.combined is not None and self.multiprocessing is None:
-            # DataLoader splits among world * workers readers, reader worker * world + rank
-            instance, instances = self.combined
-            world = instances // workers
-            if instances % workers or instance // world != worker:
-                raise ValueError(f"cannot read rank and worker from the loader's split {instance} of {instances} "
-                                 f"with {workers} workers")
-            ranks = (instance % world, world)
-        else:
-            ranks = self.distributed or distributed_rank_world() or self.captured or (0, 1)
+        ranks = self._loader_ranks(workers) or distributed_rank_world() or self.captured or (0, 1)
         if self.explicit is not None:
             if self.distributed is not None and self.distributed != self.explicit:
                 raise ValueError(f"rank/world_size given as {self.explicit}, but the loader's "
                                  f"DistributedReadingService says {self.distributed}")
             ranks = self.explicit
         return Topology(ranks[0], ranks[1], worker, workers)
+
+    def loader_splits_ranks(self) -> bool:
+        """Whether a loader split by rank (and so gave every rank the same seeds): a
+        DistributedReadingService, or a DataLoader that saw a process group."""
+        workers = (self.multiprocessing or loader_worker() or (0, 1))[1]
+        return self._loader_ranks(workers) is not None
+
+    def _loader_ranks(self, workers: int) -> tuple[int, int] | None:
+        """(rank, world) as a loader split them, or None where none split by rank."""
+        if self.distributed is not None:
+            return self.distributed
+        if self.combined is None or self.multiprocessing is not None:
+            return None
+        # DataLoader splits among world * workers readers, reader worker * world + rank
+        instance, instances = self.combined
+        world = instances // workers
+        if instances % workers or instance // world != (loader_worker() or (0, 1))[0]:
+            raise ValueError(f"cannot read rank and worker from the loader's split {instance} of {instances} "
+                             f"with {workers} workers")
+        # world 1: a DataLoader without a process group split by worker only (RANK/WORLD_SIZE are not its)
+        return (instance % world, world) if world > 1 else None
 
     def __getstate__(self) -> dict:
         self.capture()

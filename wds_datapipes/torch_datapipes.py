@@ -10,6 +10,10 @@ its main branch warns on import). Every module here takes those pieces from this
   ``IterableDataset`` with functional names and a yield counter, and a ``ShardingFilter``
   that the listers split themselves by rank and worker. DataLoader and StatefulDataLoader
   then see ordinary iterable datasets, and everything but DataLoader2 keeps working.
+
+Two pieces of our own work on either: :func:`walk_graph` (torch's graph walk, or one
+through attributes where torch cannot pickle a graph) and :func:`add_graph_attributes`
+(names a pipe answers only where its graph calls for them: the loaders' hooks).
 """
 
 from __future__ import annotations
@@ -42,6 +46,23 @@ if _deprecations:
     logger.warning("torch marks its DataPipes as deprecated (%s); wds_datapipes runs on them while they exist "
                    "and on its own stand-in after that", _deprecations[0].message)
 
+
+def _attribute_graph(datapipe: IterDataPipe, seen: frozenset = frozenset()) -> dict:
+    """{id: (pipe, graph of the pipes it reads)}, found through the pipes' attributes (and
+    lists, tuples and dicts held in them)."""
+    seen = seen | {id(datapipe)}
+    children = {id(s): _attribute_graph(s, seen)[id(s)] for s in _attribute_sources(datapipe) if id(s) not in seen}
+    return {id(datapipe): (datapipe, children)}
+
+
+def _attribute_sources(datapipe: object) -> list:
+    found = []
+    for value in vars(datapipe).values():
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        found.extend(v for v in values if isinstance(v, IterDataPipe))
+    return found
+
+
 if not HAVE_TORCH_DATAPIPES:
     logger.warning("this torch has no DataPipes (torch.utils.data.datapipes): wds_datapipes uses its own "
                    "stand-in; DataLoader and StatefulDataLoader work, DataLoader2 does not")
@@ -63,6 +84,9 @@ if not HAVE_TORCH_DATAPIPES:
                 cls.__iter__ = _counting(cls.__dict__["__iter__"])
 
         def __getattr__(self, name: str):
+            found = _graph_attribute(self, name)
+            if found is not None:
+                return found
             if name in IterDataPipe.functions:
                 return functools.partial(IterDataPipe.functions[name], self)
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -110,16 +134,50 @@ if not HAVE_TORCH_DATAPIPES:
                 if i % self.num_of_instances == self.instance_id:
                     yield item
 
-    def traverse_dps(datapipe: IterDataPipe) -> dict:
-        """{id: (pipe, graph of the pipes it reads)}, found through the pipe's attributes."""
-        return {id(datapipe): (datapipe, {id(s): traverse_dps(s)[id(s)] for s in _sources(datapipe)})}
+    traverse_dps = _attribute_graph
 
-    def _sources(datapipe: object) -> list:
-        found = []
-        for value in vars(datapipe).values():
-            values = value if isinstance(value, (list, tuple)) else [value]
-            found.extend(v for v in values if isinstance(v, IterDataPipe))
-        return found
+
+def walk_graph(datapipe: IterDataPipe) -> dict:
+    """The graph upstream of ``datapipe``, as ``traverse_dps`` gives it; where torch cannot
+    pickle the graph (a lambda, without dill) the pipes found through attributes instead."""
+    try:
+        return traverse_dps(datapipe)
+    except Exception:  # noqa: BLE001 - torch's walk pickles the graph: anything unpicklable fails it
+        logger.debug("torch cannot walk the graph of %s: its pipes are found through attributes",
+                      type(datapipe).__name__)
+        return _attribute_graph(datapipe)
+
+
+_GRAPH_NAMES: frozenset[str] = frozenset()
+_graph_lookup: Callable[[IterDataPipe, str], object] | None = None
+
+
+def _graph_attribute(pipe: IterDataPipe, name: str):
+    return _graph_lookup(pipe, name) if name in _GRAPH_NAMES else None
+
+
+def add_graph_attributes(names: frozenset[str], lookup: Callable[[IterDataPipe, str], object]) -> None:
+    """Answers ``names`` on any pipe whose class lacks them with ``lookup(pipe, name)``; where
+    that returns None the pipe has no such attribute (``hasattr`` is False, as without us).
+
+    The alternative, ``IterDataPipe.register_function``, gives a name to every pipe of the
+    process, whatever its graph; this answers per pipe, through ``IterDataPipe.__getattr__``
+    (only reached when the normal lookup fails), and leaves every other name to torch.
+    """
+    global _GRAPH_NAMES, _graph_lookup
+    _GRAPH_NAMES, _graph_lookup = frozenset(names), lookup
+    if HAVE_TORCH_DATAPIPES and not getattr(IterDataPipe.__getattr__, "_wds_graph_attributes", False):
+        torch_getattr = IterDataPipe.__getattr__
+
+        def __getattr__(self, name: str):
+            if name in _GRAPH_NAMES:
+                found = _graph_lookup(self, name)
+                if found is not None:
+                    return found
+            return torch_getattr(self, name)
+
+        __getattr__._wds_graph_attributes = True
+        IterDataPipe.__getattr__ = __getattr__
 
 
 __all__ = [
@@ -127,6 +185,8 @@ __all__ = [
     "SHARDING_PRIORITIES",
     "IterDataPipe",
     "ShardingFilterIterDataPipe",
+    "add_graph_attributes",
     "functional_datapipe",
     "traverse_dps",
+    "walk_graph",
 ]

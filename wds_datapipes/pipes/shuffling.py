@@ -32,6 +32,9 @@ class Shuffler(Pipe[T]):
         >>> samples.shuffle_samples(bufsize=1000, seed=0)
     """
 
+    orders_name = "shuffle_samples"  # how a checkpoint's refusal names it
+    draws_orders = True
+
     def __init__(self, source_datapipe: IterDataPipe[T], bufsize: int = 1000, initial: int = 100,
                  seed: int | None = None):
         if bufsize < 1:

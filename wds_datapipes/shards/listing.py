@@ -11,7 +11,7 @@ from braceexpand import braceexpand
 
 from ..errors import NoShardsError
 from ..pipe_base import Pipe
-from ..topology import EpochSeed, ShardingRecord, loader_worker
+from ..topology import EpochSeed, ShardingRecord
 from ..torch_datapipes import (
     SHARDING_PRIORITIES,
     IterDataPipe,
@@ -99,6 +99,8 @@ class _SeededOrder(Pipe[str]):
     every worker and rank, and the split stays a partition.
     """
 
+    orders_name = "the shard lister (shuffle=True)"  # how a checkpoint's refusal names it
+
     def __init__(self, source_datapipe: IterDataPipe[str], shuffle: bool, seed: int | None):
         self.source_datapipe = source_datapipe
         self.shuffle_order = shuffle  # not ``shuffle``: that name is torch's .shuffle() pipe
@@ -112,6 +114,11 @@ class _SeededOrder(Pipe[str]):
     def set_epoch(self, epoch: int) -> None:
         self.seeds.epoch = epoch
 
+    @property
+    def draws_orders(self) -> bool:
+        """Whether its order comes from its seeds (a lister that does not shuffle draws nothing)."""
+        return self.shuffle_order
+
     def __iter__(self) -> Iterator[str]:
         urls = list(self.source_datapipe)
         rng = self.seeds.next_rng(user_seed_only=self.user_seed_only)
@@ -123,9 +130,11 @@ class _SeededOrder(Pipe[str]):
 class ShardListBase(Pipe[str]):
     """Shared machinery of the shard listers: order, shuffle and split of shard URLs.
 
-    Ranks split the list under every loader: where no loader splits by rank
-    (DataLoader2 without a DistributedReadingService, or no loader at all), the lister
-    does it from ``torch.distributed`` or ``RANK``/``WORLD_SIZE``.
+    Every reader (rank x worker) keeps its own round-robin share of the list, split once
+    by rank and once by worker under every loader. Where no loader splits by rank
+    (DataLoader2 without a DistributedReadingService, a DataLoader without a process
+    group, or no loader at all), the lister does it from ``torch.distributed`` or
+    ``RANK``/``WORLD_SIZE``.
     """
 
     def __init__(self, urls: IterDataPipe[str], *, shuffle: bool, seed: int | None, allow_empty: bool):
@@ -133,48 +142,48 @@ class ShardListBase(Pipe[str]):
         self.allow_empty = allow_empty
         self._order = _SeededOrder(urls, shuffle, seed)
         # torch's own ShardingFilter takes the loaders' apply_sharding calls (worker and
-        # rank groups), and marks the point before which DataLoader2 shares seeds.
+        # rank groups), and marks the point before which DataLoader2 shares seeds. It is
+        # read, never iterated nor given splits of ours: the lister keeps its share itself
+        # (a split of ours in it would stop a later loader's: "cannot mix DEFAULT and non DEFAULT groups").
         self.sharded = ShardingFilterIterDataPipe(self._order)
         self._ranks = ShardingRecord()  # captures the process group's rank when pickled
+        self._share = (1, 0)  # (readers, this reader) of the last iteration, for messages
 
     def __iter__(self) -> Iterator[str]:
-        self._split_where_no_loader_does()
+        readers, reader = self._share = self._reader_share()
         count = 0
-        for url in self.sharded:
-            count += 1
-            yield url
+        for i, url in enumerate(self._order):
+            if i % readers == reader:
+                count += 1
+                yield url
         if count == 0 and not self.allow_empty:
             raise NoShardsError(self._empty_message())
 
-    def _split_where_no_loader_does(self) -> None:
+    def _reader_share(self) -> tuple[int, int]:
+        """(readers, reader): this reader keeps every ``readers``-th URL from the ``reader``-th."""
         groups = self.sharded.groups
-        if SHARDING_PRIORITIES.DEFAULT in groups:
-            return  # DataLoader's rank-and-worker split
-        worker = loader_worker()  # a DataLoader that applies no split: datasets that are not torch DataPipes
-        if SHARDING_PRIORITIES.MULTIPROCESSING not in groups and worker is not None and worker[1] > 1:
-            self.sharded.apply_sharding(worker[1], worker[0], SHARDING_PRIORITIES.MULTIPROCESSING)
-        if SHARDING_PRIORITIES.DISTRIBUTED in groups:
-            return  # a DistributedReadingService
+        self._ranks.take_groups(groups)
         where = self._ranks.resolve()
-        rank, world = where.rank, where.world
-        if world == 1:
-            return
-        if self.shuffle_shards and self._order.seeds.seed is None:
+        split_here = where.world > 1 and not self._ranks.loader_splits_ranks()
+        if split_here and self.shuffle_shards and self._order.seeds.seed is None:
             raise ValueError(
-                f"{type(self).__name__}: {world} ranks read with no loader that shares seeds between them "
-                "(DataLoader2 without DistributedReadingService, or no loader), so they cannot agree on a "
-                "shuffled shard order: pass seed= to the lister, or use "
+                f"{type(self).__name__}: {where.world} ranks read with no loader that shares seeds between them "
+                "(DataLoader2 without DistributedReadingService, DataLoader without a process group, or no "
+                "loader), so they cannot agree on a shuffled shard order: pass seed= to the lister, or use "
                 "SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))"
             )
-        self._order.user_seed_only = True
-        self.sharded.apply_sharding(world, rank, SHARDING_PRIORITIES.DISTRIBUTED)
+        self._order.user_seed_only = split_here
+        readers = where.world * where.workers
+        if SHARDING_PRIORITIES.DEFAULT in groups:  # DataLoader's numbering of its readers
+            return readers, where.worker * where.world + where.rank
+        return readers, where.rank * where.workers + where.worker  # the ShardingFilter's, ranks outermost
 
     def _empty_message(self) -> str:
-        parts = self.sharded.num_of_instances
-        if parts > 1:
+        readers, reader = self._share
+        if readers > 1:
             return (
-                f"{type(self).__name__}: this worker/rank (part {self.sharded.instance_id} of "
-                f"{parts}) got no shard: use at least as many shards as workers x ranks, "
+                f"{type(self).__name__}: this worker/rank (part {reader} of "
+                f"{readers}) got no shard: use at least as many shards as workers x ranks, "
                 "or pass allow_empty=True"
             )
         return f"{type(self).__name__}: no shard URL matched {self._describe_source()}"
