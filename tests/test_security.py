@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import http.server
 import io
+import logging
 import os
+import pickle
+import socket
 import tarfile
 import threading
 from pathlib import Path
@@ -12,10 +15,20 @@ from pathlib import Path
 import PIL.EpsImagePlugin
 import pytest
 import webdataset as wds
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-from wds_datapipes import DecodeError, ShardLister, ShardOpenError
+from wds_datapipes import (
+    DecodeError,
+    ShardFormatError,
+    ShardLister,
+    ShardOpenError,
+    ShardReadError,
+    WdsError,
+    warn_and_continue,
+)
 from wds_datapipes.shards.openers import url_scheme
 
 # The name of a file a hostile dataset ships: read as a URL, it is a shell command.
@@ -192,3 +205,45 @@ def test_member_names_are_only_strings(tmp_path, monkeypatch):
     assert [s["__key__"] for s in samples] == ["../../escape", "/abs/olute", "pipe:touch pwned #", "ok"]
     assert all(s["txt"] == "x" for s in samples)
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", "names.tar"]
+
+
+# Secrets a URL or a command line may carry: none of them shows in an error or a log line.
+_secrets = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", min_size=12,
+                   max_size=40)
+_passwords = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789%-._~", min_size=12,
+                     max_size=40)  # a URL's user part, percent-encoded
+
+
+@settings(max_examples=200, deadline=None)
+@given(password=_passwords, signature=_secrets, token=_secrets,
+       parameter=st.sampled_from(["X-Amz-Signature", "X-Amz-Credential", "X-Amz-Security-Token", "X-Goog-Signature",
+                                  "sig", "access_token", "key"]))
+def test_no_secret_of_a_url_or_command_shows_in_an_error(password, signature, token, parameter):
+    """Oracle: the secrets themselves, drawn at random: none is a substring of the message,
+    while the host, path and plain parameters it names stay readable."""
+    url = f"https://alice:{password}@data.example.com/train/shard-000001.tar?{parameter}={signature}&part=7"
+    command = f"pipe:curl -s -H 'Authorization: Bearer {token}' '{url}'"
+    for error in (ShardOpenError(url, "403 Forbidden"), ShardReadError(url, "a.jpg", 512, "reset"),
+                  ShardFormatError(command, None, 0, "truncated tar header"), DecodeError(url, "k", "jpg", "bad")):
+        for shown in (str(error), str(pickle.loads(pickle.dumps(error)))):
+            assert password not in shown and signature not in shown and token not in shown
+            assert "data.example.com/train/shard-000001.tar" in shown and "part=7" in shown
+
+
+def test_a_failing_read_of_a_url_with_secrets_shows_none_in_the_error_or_the_log(caplog):
+    """A real failure through the HTTP opener and a pipe: command: the secret is in neither
+    the raised error nor the log line that warn_and_continue writes."""
+    secret = "S3cr3tSignatureValue0123456789"
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    urls = [f"http://bob:{secret}@127.0.0.1:{port}/a.tar?X-Amz-Signature={secret}",
+            f"pipe:sh -c 'exit 3' 'https://h/a.tar?sig={secret}'"]
+    for url in urls:
+        with pytest.raises(WdsError) as raised:
+            list(ShardLister([url]).load_tar())
+        assert secret not in str(raised.value)
+    with caplog.at_level(logging.INFO, logger="wds_datapipes"), pytest.warns(UserWarning) as warned:
+        assert list(ShardLister(urls).load_tar(handler=warn_and_continue)) == []
+    assert caplog.records and all(secret not in r.getMessage() for r in caplog.records)
+    assert all(secret not in str(w.message) for w in warned)

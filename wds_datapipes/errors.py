@@ -8,11 +8,46 @@ as ``type(message)``, and this keeps it our type there (its attributes are then 
 from __future__ import annotations
 
 import http.client
+import logging
+import re
 from typing import Any
+
+# What a URL or a command line carries that must not be shown: a password in its user part
+# (``https://user:pw@host``), the signature, credential and token parameters of presigned
+# URLs (S3's X-Amz-*, GCS's X-Goog-*, Azure SAS ``sig``), and an Authorization header value.
+_USER_PASSWORD = re.compile(r"(://[^/@\s:'\"]+:)[^/@\s'\"]+@")
+_SECRET_PARAMETER = re.compile(
+    r"([?&;][^=&\s'\"]*(?:signature|credential|token|secret|password|sig|key)[^=&\s'\"]*=)[^&\s'\"]+", re.IGNORECASE)
+_AUTHORIZATION = re.compile(r"(authorization:\s*)(?:\w+\s+)?[^\s'\"]+", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with the secrets a URL or command line may carry replaced by ``***``:
+    passwords in URLs, presigned URLs' signatures, credentials and tokens, Authorization
+    header values. Every message of our errors and of our logger goes through it."""
+    text = _USER_PASSWORD.sub(r"\1***@", text)
+    text = _SECRET_PARAMETER.sub(r"\1***", text)
+    return _AUTHORIZATION.sub(r"\1***", text)
+
+
+class _Redacting(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        shown = redact(message)
+        if shown != message:
+            record.msg, record.args = shown, ()
+        return True
+
+
+logging.getLogger("wds_datapipes").addFilter(_Redacting())
 
 
 class WdsError(Exception):
-    """Base class of every error this library raises about data or configuration."""
+    """Base class of every error this library raises about data or configuration; its
+    message never shows a secret of the URL or command it names (:func:`redact`)."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _restore, (type(self), self.args, self.__dict__)

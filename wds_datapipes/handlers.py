@@ -12,6 +12,8 @@ import logging
 import warnings
 from collections.abc import Callable
 
+from .errors import redact
+
 logger = logging.getLogger("wds_datapipes")
 
 Handler = Callable[[BaseException], bool]
@@ -27,8 +29,9 @@ def reraise_exception(exn: BaseException) -> bool:
 
 def warn_and_continue(exn: BaseException) -> bool:
     """Emit a warning naming what is skipped, log it, and go on."""
-    warnings.warn(f"skipped: {exn}", stacklevel=2)
-    logger.warning("skipped: %s", exn)
+    shown = redact(str(exn))  # a foreign error may show a URL's secrets
+    warnings.warn(f"skipped: {shown}", stacklevel=2)
+    logger.warning("skipped: %s", shown)
     return True
 
 
