@@ -229,3 +229,24 @@ def test_examples_mixing_runs(tmp_path):
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stdout + run.stderr
     assert "resumed: the same batches" in run.stdout
+
+
+def test_a_per_source_state_taken_mid_batch_resumes_on_another_topology_as_an_empty_dropped_rest(sources):
+    """The rest of the epoch is 6 samples of 'tiny' and 2 of 'books' (a part of a batch each): in
+    whole batches of 8, nothing; on 2 ranks it is dropped (and logged), not an error."""
+    def pipe(**kw):
+        return _mix(sources, weights=None, samples_per_epoch=None, choose={"web": 16, "books": 10, "tiny": 6},
+                    batching="per_source", **kw)
+
+    dp = pipe()
+    assert len(dp) == 24  # 16 + 8 + 0: whole batches of 8
+    it = iter(dp)
+    for _ in range(20):  # 2.5 batches: mid-batch
+        next(it)
+    saved = wd.EpochState.from_dict(dp.state_dict())
+    rank_state = wd.EpochState(epoch=saved.epoch, taken=saved.taken, world=1, workers=1, settings=saved.settings,
+                               mixture=saved.mixture)
+    elsewhere = pipe(rank=0, world_size=2)
+    elsewhere.load_state_dict(rank_state.to_dict())
+    assert list(elsewhere) == []  # the rest of epoch 0: nothing in whole batches
+    assert len(list(elsewhere)) == 8  # epoch 1 on 2 ranks: one whole batch each of its three

@@ -14,10 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from ..limits import Limits
 from .epoch_pipe import EpochPipe, Run
 from .index import ShardIndex
-from .mixture import MixSettings, Window, epoch_windows, next_start, plan_mixture
+from .mixture import MixSettings, Window, epoch_windows, next_cursor, plan_mixture
 from .plan import PlanSettings, Segment
 from .reading import check_shards, read_mixed
 from .state import EpochState, SourceWindow
+from .stream import Cursor
 
 logger = logging.getLogger("wds_datapipes")
 
@@ -113,7 +114,7 @@ class MixedEpochs(EpochPipe):
         self.indexes = {name: index if isinstance(index, ShardIndex) else ShardIndex.load(index, allow_pipe=allow_pipe)
                         for name, index in named}
         super().__init__(settings, rank, world_size, limits, views)
-        self._anchor: tuple[int, dict[str, int]] = (0, {})  # the first epoch of these settings, its starts
+        self._anchor: tuple[int, dict[str, Cursor]] = (0, {})  # the first epoch of these settings, its starts
         self._windows(0, settings)  # a source to give samples without any: said now, not at the first epoch
 
     @property
@@ -127,7 +128,7 @@ class MixedEpochs(EpochPipe):
         totals = [self.indexes[n].total for n in settings.names]
         if epoch < anchor:
             anchor, starts = 0, {}
-        return epoch_windows(settings, totals, epoch, anchor, [starts.get(n, 0) for n in settings.names])
+        return epoch_windows(settings, totals, epoch, anchor, [starts.get(n, Cursor()) for n in settings.names])
 
     # ------------------------------------------------------------ EpochPipe's questions
 
@@ -136,7 +137,8 @@ class MixedEpochs(EpochPipe):
         if state is not None and state.mixture is not None and state.epoch == epoch:
             settings = state.settings
             saved = {w.name: w for w in state.mixture}
-            windows = [Window(saved[n].start, saved[n].count) for n in settings.names]
+            windows = [Window(saved[n].start, saved[n].count, saved[n].skip_pass, saved[n].skip)
+                       for n in settings.names]
         else:
             settings = self.settings
             windows = self._windows(epoch, settings)
@@ -153,8 +155,8 @@ class MixedEpochs(EpochPipe):
 
     def _state_fields(self, run: Run) -> dict:
         settings = run.plan.settings
-        windows = tuple(SourceWindow(n, w.start, w.count, self.indexes[n].total, len(self.indexes[n]))
-                        for n, w in zip(settings.names, run.plan.windows))
+        windows = tuple(SourceWindow(n, w.start, w.count, self.indexes[n].total, len(self.indexes[n]), w.skip_pass,
+                                     w.skip) for n, w in zip(settings.names, run.plan.windows))
         return {"settings": settings, "mixture": windows}
 
     def _accept(self, state: EpochState) -> None:
@@ -180,7 +182,8 @@ class MixedEpochs(EpochPipe):
     def _adopt(self, state: EpochState, finished: bool) -> None:
         if state.mixture is None:
             return
-        self._anchor = (state.epoch + 1, {w.name: next_start(Window(w.start, w.count), w.samples, state.settings.stop)
+        self._anchor = (state.epoch + 1, {w.name: next_cursor(Window(w.start, w.count, w.skip_pass, w.skip),
+                                                              w.samples, state.settings.stop)
                                           for w in state.mixture})
 
 

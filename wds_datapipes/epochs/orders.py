@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .plan import rng
+from .stream import rng
 
 # Domain tags of these draws (see plan.rng), apart from the plan's own.
 _HALVES, _LEAF, _EXTRAS, _WITHIN, _SOURCE = 0x4D1, 0x1EAF, 0xE47A, 0x5147, 0x50C3

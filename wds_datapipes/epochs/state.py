@@ -78,7 +78,8 @@ class EpochState:
         elif self.settings is not None:
             out["settings"] = asdict(self.settings)
         if self.mixture is not None:
-            out["mixture"] = [[w.name, w.start, w.count, w.samples, w.shards] for w in self.mixture]
+            out["mixture"] = [[w.name, w.start, w.count, w.samples, w.shards, w.skip_pass, w.skip]
+                              for w in self.mixture]
         return out
 
     @classmethod
@@ -98,8 +99,8 @@ class EpochState:
             rank=data.get("rank"), worker=data.get("worker"), rotation=int(data.get("rotation", 0)),
             history=tuple(Segment(int(w), int(k), tuple(int(n) for n in t)) for w, k, t in data.get("history", [])),
             settings=settings or None,
-            mixture=None if mixture is None else tuple(SourceWindow(str(n), int(a), int(c), int(t), int(k))
-                                                       for n, a, c, t, k in mixture),
+            mixture=None if mixture is None else tuple(SourceWindow(str(w[0]), *(int(x) for x in w[1:]))
+                                                       for w in mixture),
         )
 
     @classmethod
@@ -123,14 +124,17 @@ class EpochState:
 
 @dataclass(frozen=True)
 class SourceWindow:
-    """A mixture's source in a saved epoch: its window (``start``, ``count``) of its run of
-    passes, and its index's ``samples`` and ``shards`` (to see that it is the same data)."""
+    """A mixture's source in a saved epoch: its window (``start``, ``count``, ``skip_pass``,
+    ``skip``: :class:`~.mixture.Window`) of its run of passes, and its index's ``samples`` and
+    ``shards`` (to see that it is the same data)."""
 
     name: str
     start: int
     count: int
     samples: int
     shards: int
+    skip_pass: int = 0
+    skip: int = 0
 
 
 def _worker_states(value: object):
