@@ -17,7 +17,7 @@ from .index import ShardIndex
 from .mixture import MixSettings, Window, epoch_windows, next_cursor, plan_mixture
 from .plan import PlanSettings, Segment
 from .reading import check_shards, read_mixed
-from .state import EpochState, SourceWindow
+from .state import EpochState, SourceWindow, epoch_finished
 from .stream import Cursor
 
 logger = logging.getLogger("wds_datapipes")
@@ -159,11 +159,31 @@ class MixedEpochs(EpochPipe):
                                      w.skip) for n, w in zip(settings.names, run.plan.windows))
         return {"settings": settings, "mixture": windows}
 
+    def step_state(self, epoch: int, batches: int, world: int | None = None, workers: int | None = None) -> EpochState:
+        """The state after this rank took ``batches`` batches of ``epoch`` (a step count), with
+        the mix that plans that epoch: what to save in a checkpoint for ``DataLoader`` and
+        DataLoader2 (``.to_dict()`` is plain JSON), so that a pipe built with other weights,
+        counts or batching finishes the epoch as it was planned. ``world`` and ``workers``:
+        the topology of the run that took them, as for :class:`EpochState`."""
+        pending = self._resume if self._resume is not None and self._resume.epoch == epoch else None
+        plan = self._plan(epoch, world or self._where.resolve().world, 1, (), pending)
+        windows = tuple(SourceWindow(n, w.start, w.count, self.indexes[n].total, len(self.indexes[n]), w.skip_pass,
+                                     w.skip) for n, w in zip(plan.settings.names, plan.windows))
+        return EpochState(epoch=epoch, batches=batches, world=world, workers=workers, settings=plan.settings,
+                          mixture=windows)
+
     def _accept(self, state: EpochState) -> None:
         if isinstance(state.settings, PlanSettings):
             raise ValueError("this is one dataset's state (ExactEpochs'); MixedEpochs reads a mixture")  # noqa: TRY004
-        if state.mixture is None:
-            return  # a state made from a step count: this pipe's own plan of that epoch
+        if state.mixture is None:  # a bare step count: fine at an epoch's start or end, not within it
+            started = state.batches != 0 if state.batches is not None else any(state.taken)
+            if started and not epoch_finished(state, self._plan_of(state), self._where.resolve().world):
+                raise ValueError(
+                    f"{state.epoch_label()} holds no mix: this MixedEpochs would plan epoch {state.epoch} by its own "
+                    "weights, counts and batching, which need not be the ones that planned it. Save "
+                    "source.step_state(epoch, batches).to_dict() in the checkpoint (the step count with its mix) and "
+                    "load that, or StatefulDataLoader's state_dict()")
+            return
         for window in state.mixture:
             index = self.indexes.get(window.name)
             if index is None:

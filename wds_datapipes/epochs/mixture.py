@@ -271,14 +271,17 @@ class MixPlan:
         start, stop = self.split.reader_range(rank, worker)
         before, upto = self.order.counts_before(start), self.order.counts_before(stop)
         total = max(stop - start, 1)
+        lengths = (upto - before).tolist()
+        # The sources share the reader's lanes and its block by their parts (each at least one
+        # lane), so that the open shards and the samples held are one dataset's, plus one per source.
+        lanes = apportion(s.lanes, lengths) if any(lengths) else [1] * len(lengths)
         spans, plans = [], []
         for k, sequence in enumerate(self.sequences):
-            length = int(upto[k] - before[k])
+            length = int(lengths[k])
             spans.append(sequence.slice(int(before[k]), int(upto[k])))
-            # Lanes per source; the blocks share the reader's one block by the sources' parts.
-            block = max(s.lanes, s.block * length // total)
+            block = max(lanes[k], 1, s.block * length // total)
             key = (s.seed, self.epoch, self.generation, rank, worker, k)
-            plans.append(ReaderPlan.build(length, s.lanes, block, key, s.shuffle))
+            plans.append(ReaderPlan.build(length, max(lanes[k], 1), block, key, s.shuffle))
         return MixReader(start, stop, tuple(spans), tuple(plans), before, self.order)
 
     def remaining(self, taken: Sequence[int]) -> list[SpanList]:

@@ -63,6 +63,12 @@ class EpochState:
         if self.worker is not None and (self.taken is None or len(self.taken) != 1):
             raise ValueError("a worker's state gives taken=(samples,) for that worker")
 
+    def epoch_label(self) -> str:
+        """How the state reads in a message: ``EpochState(epoch=3, batches=120)``."""
+        fields = {"epoch": self.epoch, "batches": self.batches, "taken": self.taken, "world": self.world,
+                  "workers": self.workers}
+        return "EpochState(" + ", ".join(f"{k}={v}" for k, v in fields.items() if v is not None) + ")"
+
     # ------------------------------------------------------------ plain dicts (checkpoints)
 
     def to_dict(self) -> dict:
