@@ -294,3 +294,18 @@ def test_a_hundred_one_shard_sources_are_read_with_a_bounded_number_of_open_file
     assert peak - baseline <= 16 + 100 + 8
     reader = dp._run.reader()  # the samples held at once: the sources' blocks together
     assert sum(plan.block_size for plan in reader.plans) <= 512 + 2 * 100
+
+
+def test_no_sample_comes_twice_in_an_epoch_whose_shares_the_sources_hold(sources):
+    """Read, not only planned: 'web' gives 70 of its 89 samples and 'books' 30 of its 36 per
+    epoch, so most epochs run from one pass over a source into the next (oracle: the documented
+    rule, no sample twice in an epoch unless a source is asked for more than it holds)."""
+    dp = _mix(sources, weights={"web": 0.7, "books": 0.3, "tiny": 0.0}, samples_per_epoch=100, batch_size=4)
+    over_epochs = Counter()
+    for epoch in range(6):
+        keys = Counter(s["__key__"] for s in dp)
+        assert sum(keys.values()) == 100 and set(keys.values()) == {1}, epoch
+        assert Counter(_source_of(k) for k in keys) == {"web": 70, "books": 30}
+        over_epochs.update(keys)
+    web = [over_epochs[k] for k in over_epochs if k.startswith("web")]
+    assert len(web) == 89 and max(web) - min(web) <= 1  # 420 of 89: every sample 4 or 5 times

@@ -45,6 +45,9 @@ class MixedEpochs(EpochPipe):
     - per source, ``repeat`` (a factor of its size: 0.5 takes half, the next epoch the other
       half; 3 upsamples) or ``choose`` (a count); a source given neither comes once.
 
+    No sample comes twice in an epoch unless a source is asked for more than it holds; then
+    each of its samples at most ``ceil(count / size)`` times (:mod:`.stream`).
+
     Args:
         sources: ``{name: index}``, or a list of indexes or ``(name, index)`` pairs (an index
             is a ShardIndex or the location of its JSON; a bare location is named after its
@@ -66,7 +69,9 @@ class MixedEpochs(EpochPipe):
 
     Weights, counts and batching may change when a run resumes (a curriculum): the resumed
     epoch finishes as it was planned, the new settings hold from the next one; sources may be
-    added (they start at their first pass) or left out then. ``batch_size`` must stay.
+    added (they start at their first pass) or left out then. ``batch_size`` must stay. For
+    ``DataLoader`` and DataLoader2, save :meth:`step_state` (the step count with its mix): a bare
+    ``EpochState(epoch, batches)`` is refused within an epoch.
 
     Example:
         >>> dp = MixedEpochs({"web": "web/index.json", "books": "books/index.json"},
