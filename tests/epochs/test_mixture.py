@@ -283,3 +283,10 @@ def test_the_floor_sum_is_the_sum(n, m, a, b):
     from wds_datapipes.epochs.orders import _floor_sum
 
     assert _floor_sum(n, m, a, b) == sum((a * i + b) // m for i in range(n))
+
+
+def test_an_unknown_batching_is_an_error_not_per_source():
+    from wds_datapipes.epochs.orders import arrangement
+
+    with pytest.raises(ValueError, match="not 'strata'"):
+        arrangement("strata", [4, 4], 4, (0,))

@@ -234,4 +234,6 @@ def arrangement(batching: str, counts: Sequence[int], batch_size: int, key: Sequ
         return RandomOrder(counts, (_SOURCE, *key))
     if batching == "stratified":
         return StratifiedOrder(counts, batch_size, (_SOURCE, *key))
-    return PerSourceOrder(counts, batch_size, (_SOURCE, *key))
+    if batching == "per_source":
+        return PerSourceOrder(counts, batch_size, (_SOURCE, *key))
+    raise ValueError(f"batching must be 'random', 'stratified' or 'per_source', not {batching!r}")
