@@ -12,6 +12,8 @@
 3. Shuffle quality, against webdataset's shard shuffle + buffer shuffle holding as many
    samples as our shuffle block: the correlation between a sample's position in the epoch
    and its position in the dataset, and how many shards a batch of 64 draws from.
+4. Reading a mixture of 100 one-shard sources: samples/s, the most shards open at once,
+   the samples held.
 """
 
 from __future__ import annotations
@@ -126,6 +128,34 @@ def bench_resume(folder: str, shards: list[str], repeats: int) -> None:
     print(f"   ({total} batches of {BATCH} per epoch)")
 
 
+def bench_mixture_reading(folder: str, sources: int = 100, per_shard: int = 200, sample_kb: int = 8) -> None:
+    """Reads (not only plans) an epoch of a mixture of one-shard sources: samples/s, the most
+    shards open at once (files in /proc/self/fd), and the samples the reader holds."""
+    print(f"4. reading a mixture: {sources} sources of one shard x {per_shard} samples of {sample_kb} KB "
+          "(random batching, lanes=16, block=512)")
+    indexes = {}
+    for k in range(sources):
+        sub = os.path.join(folder, f"mix-{k:03d}")
+        os.makedirs(sub, exist_ok=True)
+        index = os.path.join(sub, "index.json")
+        if not os.path.exists(index):
+            shard = make_shards(sub, 1, per_shard, sample_kb)
+            wd.ShardIndex.from_scans(wd.build_index(shard), relative_to=index).save(index)
+        indexes[f"source-{k:03d}"] = index
+    dp = wd.MixedEpochs(indexes, batch_size=BATCH, seed=1)
+    fds = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
+    before = len(os.listdir(fds)) if fds else 0
+    most, count = 0, 0
+    start = time.perf_counter()
+    for count, _ in enumerate(dp, 1):
+        if fds and count % 64 == 0:
+            most = max(most, len(os.listdir(fds)) - before)
+    elapsed = time.perf_counter() - start
+    held = sum(plan.block_size for plan in dp._run.reader().plans)
+    print(f"   {count:,} samples in {elapsed:.2f} s ({count / elapsed:,.0f}/s); at most {most} more files open "
+          f"(limit of open files: usually 1024); samples held at once: at most {held}")
+
+
 def quality(order: list[str], dataset: dict[str, int], shard_of: dict[str, int]) -> tuple[float, float]:
     positions = np.array([dataset[k] for k in order])
     correlation = abs(np.corrcoef(np.arange(len(positions)), positions)[0, 1])
@@ -168,6 +198,7 @@ def main() -> None:
     print(f"data: {args.shards} shards x {args.per_shard} samples of {args.sample_kb} KB")
     bench_resume(args.data, shards, args.repeats)
     bench_quality(args.data, shards, 512)
+    bench_mixture_reading(args.data)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,8 @@ def main() -> None:
         # epoch, even if that is nothing. From a step count, a finished epoch is not resumed.
         first_epoch = saved["epoch"] + (args.loader != "stateful" and saved["batches"] == source.batches_per_epoch)
         if args.loader != "stateful":
-            dp.load_state_dict(wd.EpochState(epoch=saved["epoch"], batches=saved["batches"],
+            dp.load_state_dict(saved.get("mix") or  # a mixture's step count is saved with its mix
+                               wd.EpochState(epoch=saved["epoch"], batches=saved["batches"],
                                              world=saved.get("world"), workers=saved.get("workers")))
     loader = make_loader(args, dp)
     if saved is not None and args.loader == "stateful":
@@ -125,6 +126,8 @@ def main() -> None:
                              "workers": args.workers or 1}
                     if args.loader == "stateful":
                         state["loader"] = loader.state_dict()
+                    elif isinstance(source, wd.MixedEpochs):
+                        state["mix"] = source.step_state(epoch, in_epoch, state["world"], state["workers"]).to_dict()
                     with open(args.state_out, "w") as f:
                         json.dump(state, f)
                     epochs.append(batches)

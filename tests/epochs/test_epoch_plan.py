@@ -16,7 +16,6 @@ from wds_datapipes.epochs.plan import (
     PlanSettings,
     ReaderPlan,
     Segment,
-    epoch_sequence,
     plan_epoch,
     rank_batches,
     split_epoch,
@@ -129,15 +128,6 @@ def test_a_topology_change_mid_epoch_reads_exactly_the_samples_not_yet_seen(size
     assert len(set(seen) | set(rest)) == len(seen) + len(rest)
     batches = [sum(-(-len(_reader_output(second, r, w)) // batch) for w in range(new[1])) for r in range(new[0])]
     assert len(set(batches)) == 1
-
-
-@given(sizes_st.filter(lambda s: sum(s) > 0), st.integers(1, 100), st.integers(0, 6), st.booleans())
-def test_fixed_length_epochs_are_consecutive_windows_over_passes_in_new_orders(sizes, length, epoch, shuffle):
-    total = sum(sizes)
-    window = _samples(epoch_sequence(sizes, 9, epoch, shuffle, samples_per_epoch=length))
-    assert len(window) == length
-    stream = [s for p in range((epoch + 1) * length // total + 1) for s in _samples(epoch_sequence(sizes, 9, p, shuffle))]
-    assert window == stream[epoch * length : (epoch + 1) * length]
 
 
 def test_shuffled_orders_change_every_epoch_and_repeat_with_the_seed():

@@ -167,10 +167,35 @@ def test_a_step_count_resumes_under_the_plain_dataloader(sources):
 
     loader = torch.utils.data.DataLoader(pipe(), batch_size=None, num_workers=2, persistent_workers=True)
     whole = [b for epoch in range(2) for b in _batches(loader)]
+    saved = json.dumps(_mix(sources, samples_per_epoch=120).step_state(epoch=0, batches=5).to_dict())  # with its mix
     dp = pipe()
-    dp.load_state_dict(wd.EpochState(epoch=0, batches=5))
+    dp.load_state_dict(json.loads(saved))
     loader = torch.utils.data.DataLoader(dp, batch_size=None, num_workers=2, persistent_workers=True)
     assert [b for epoch in range(2) for b in _batches(loader)] == whole[5:]
+
+
+def test_a_step_count_resumed_with_new_weights_finishes_its_epoch_as_planned_or_is_refused(sources):
+    """An epoch planned 80/20 finishes 80/20 (oracle: the old pipe's own rest of the epoch) from
+    the step count saved with its mix; a bare step count, which holds no mix, is refused mid-epoch
+    with what to save instead (it would be re-planned by the new weights: 34/66)."""
+    def pipe(weights):
+        return _mix(sources, weights=weights, samples_per_epoch=160, batch_size=16, batching="stratified")
+
+    old = pipe({"web": 0.8, "books": 0.2, "tiny": 0.0})
+    samples = iter(old)
+    for _ in range(48):  # three batches
+        next(samples)
+    planned_rest = [s["__key__"] for s in samples]
+    saved = json.dumps(old.step_state(epoch=0, batches=3).to_dict())
+    new = pipe({"web": 0.2, "books": 0.8, "tiny": 0.0})
+    new.load_state_dict(json.loads(saved))
+    assert [s["__key__"] for s in new] == planned_rest  # epoch 0 as it was planned
+    assert Counter(s["__source__"] for s in new) == {"web": 32, "books": 128}  # epoch 1: the new weights
+    bare = pipe({"web": 0.2, "books": 0.8, "tiny": 0.0})
+    with pytest.raises(ValueError, match=r"EpochState\(epoch=0, batches=3\) holds no mix.*source.step_state"):
+        bare.load_state_dict(wd.EpochState(epoch=0, batches=3))
+    bare.load_state_dict(wd.EpochState(epoch=1, batches=0))  # at an epoch's start a step count is enough
+    assert Counter(s["__source__"] for s in bare) == {"web": 32, "books": 128}
 
 
 def test_new_weights_on_resume_take_effect_at_the_next_epoch(sources, caplog):
@@ -229,3 +254,58 @@ def test_examples_mixing_runs(tmp_path):
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stdout + run.stderr
     assert "resumed: the same batches" in run.stdout
+
+
+def test_a_per_source_state_taken_mid_batch_resumes_on_another_topology_as_an_empty_dropped_rest(sources):
+    """The rest of the epoch is 6 samples of 'tiny' and 2 of 'books' (a part of a batch each): in
+    whole batches of 8, nothing; on 2 ranks it is dropped (and logged), not an error."""
+    def pipe(**kw):
+        return _mix(sources, weights=None, samples_per_epoch=None, choose={"web": 16, "books": 10, "tiny": 6},
+                    batching="per_source", **kw)
+
+    dp = pipe()
+    assert len(dp) == 24  # 16 + 8 + 0: whole batches of 8
+    it = iter(dp)
+    for _ in range(20):  # 2.5 batches: mid-batch
+        next(it)
+    saved = wd.EpochState.from_dict(dp.state_dict())
+    rank_state = wd.EpochState(epoch=saved.epoch, taken=saved.taken, world=1, workers=1, settings=saved.settings,
+                               mixture=saved.mixture)
+    elsewhere = pipe(rank=0, world_size=2)
+    elsewhere.load_state_dict(rank_state.to_dict())
+    assert list(elsewhere) == []  # the rest of epoch 0: nothing in whole batches
+    assert len(list(elsewhere)) == 8  # epoch 1 on 2 ranks: one whole batch each of its three
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc/self/fd")
+def test_a_hundred_one_shard_sources_are_read_with_a_bounded_number_of_open_files(tmp_path, sized_shards):
+    """100 sources of one shard each (docs advertise 100): the sources share the reader's 16
+    lanes (each at least one), so at most 16 + 100 shards are open, not 100 x 16 (past the
+    usual limit of 1024), and the samples held are one block plus one lane's rows per source."""
+    sources = {f"s{i:03d}": write_index(sized_shards([20], prefix=f"s{i:03d}x", folder=tmp_path / f"s{i:03d}"),
+                                        tmp_path / f"s{i:03d}" / "index.json") for i in range(100)}
+    dp = wd.MixedEpochs(sources, batch_size=10, seed=1)  # each source once per epoch: 2000 samples
+    baseline, peak, seen = len(os.listdir("/proc/self/fd")), 0, Counter()
+    for n, sample in enumerate(dp):
+        seen[sample["__key__"]] += 1
+        if n % 25 == 0:
+            peak = max(peak, len(os.listdir("/proc/self/fd")))
+    assert len(seen) == 2000 and set(seen.values()) == {1}
+    assert peak - baseline <= 16 + 100 + 8
+    reader = dp._run.reader()  # the samples held at once: the sources' blocks together
+    assert sum(plan.block_size for plan in reader.plans) <= 512 + 2 * 100
+
+
+def test_no_sample_comes_twice_in_an_epoch_whose_shares_the_sources_hold(sources):
+    """Read, not only planned: 'web' gives 70 of its 89 samples and 'books' 30 of its 36 per
+    epoch, so most epochs run from one pass over a source into the next (oracle: the documented
+    rule, no sample twice in an epoch unless a source is asked for more than it holds)."""
+    dp = _mix(sources, weights={"web": 0.7, "books": 0.3, "tiny": 0.0}, samples_per_epoch=100, batch_size=4)
+    over_epochs = Counter()
+    for epoch in range(6):
+        keys = Counter(s["__key__"] for s in dp)
+        assert sum(keys.values()) == 100 and set(keys.values()) == {1}, epoch
+        assert Counter(_source_of(k) for k in keys) == {"web": 70, "books": 30}
+        over_epochs.update(keys)
+    web = [over_epochs[k] for k in over_epochs if k.startswith("web")]
+    assert len(web) == 89 and max(web) - min(web) <= 1  # 420 of 89: every sample 4 or 5 times

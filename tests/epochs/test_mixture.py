@@ -15,11 +15,12 @@ from wds_datapipes.epochs.mixture import (
     Window,
     epoch_counts,
     epoch_windows,
-    next_start,
+    next_cursor,
     plan_mixture,
 )
 from wds_datapipes.epochs.orders import PerSourceOrder, RandomOrder, StratifiedOrder, apportion
 from wds_datapipes.epochs.plan import Segment
+from wds_datapipes.epochs.stream import Cursor
 
 sizes_st = st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=6), min_size=1, max_size=4)
 
@@ -106,9 +107,11 @@ def test_windows_walk_on_through_passes_and_all_exhausted_starts_each_epoch_at_a
     every = _mix("ab", weights=(0.5, 0.5), stop="all_exhausted")
     windows = [epoch_windows(every, [10, 4], e) for e in range(2)]
     assert windows == [[Window(0, 10), Window(0, 10)], [Window(10, 10), Window(12, 10)]]  # 12: pass 3 of b
-    assert next_start(Window(0, 10), 4, "all_exhausted") == 12
+    assert next_cursor(Window(0, 10), 4, "all_exhausted") == Cursor(3)
     # An anchor: where the sources stood at epoch 5 (after other weights), then the counts of these settings.
-    assert epoch_windows(s, [10, 4], 7, anchor=5, starts=[3, 1]) == [Window(13, 5), Window(25, 12)]
+    # Source a from 3: 3..7, then 8, 9 and its pass's first 3 again (pass 1 leaves those 3 out once).
+    assert epoch_windows(s, [10, 4], 7, anchor=5, starts=[Cursor(0, 3), Cursor(0, 1)]) == [
+        Window(10, 5, 0, 3), Window(24, 12, 0, 1)]
 
 
 # ---------------------------------------------------------------- orders of sources
@@ -280,3 +283,10 @@ def test_the_floor_sum_is_the_sum(n, m, a, b):
     from wds_datapipes.epochs.orders import _floor_sum
 
     assert _floor_sum(n, m, a, b) == sum((a * i + b) // m for i in range(n))
+
+
+def test_an_unknown_batching_is_an_error_not_per_source():
+    from wds_datapipes.epochs.orders import arrangement
+
+    with pytest.raises(ValueError, match="not 'strata'"):
+        arrangement("strata", [4, 4], 4, (0,))

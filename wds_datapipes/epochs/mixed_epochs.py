@@ -14,10 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from ..limits import Limits
 from .epoch_pipe import EpochPipe, Run
 from .index import ShardIndex
-from .mixture import MixSettings, Window, epoch_windows, next_start, plan_mixture
+from .mixture import MixSettings, Window, epoch_windows, next_cursor, plan_mixture
 from .plan import PlanSettings, Segment
 from .reading import check_shards, read_mixed
-from .state import EpochState, SourceWindow
+from .state import EpochState, SourceWindow, epoch_finished
+from .stream import Cursor
 
 logger = logging.getLogger("wds_datapipes")
 
@@ -44,6 +45,9 @@ class MixedEpochs(EpochPipe):
     - per source, ``repeat`` (a factor of its size: 0.5 takes half, the next epoch the other
       half; 3 upsamples) or ``choose`` (a count); a source given neither comes once.
 
+    No sample comes twice in an epoch unless a source is asked for more than it holds; then
+    each of its samples at most ``ceil(count / size)`` times (:mod:`.stream`).
+
     Args:
         sources: ``{name: index}``, or a list of indexes or ``(name, index)`` pairs (an index
             is a ShardIndex or the location of its JSON; a bare location is named after its
@@ -65,7 +69,9 @@ class MixedEpochs(EpochPipe):
 
     Weights, counts and batching may change when a run resumes (a curriculum): the resumed
     epoch finishes as it was planned, the new settings hold from the next one; sources may be
-    added (they start at their first pass) or left out then. ``batch_size`` must stay.
+    added (they start at their first pass) or left out then. ``batch_size`` must stay. For
+    ``DataLoader`` and DataLoader2, save :meth:`step_state` (the step count with its mix): a bare
+    ``EpochState(epoch, batches)`` is refused within an epoch.
 
     Example:
         >>> dp = MixedEpochs({"web": "web/index.json", "books": "books/index.json"},
@@ -113,7 +119,7 @@ class MixedEpochs(EpochPipe):
         self.indexes = {name: index if isinstance(index, ShardIndex) else ShardIndex.load(index, allow_pipe=allow_pipe)
                         for name, index in named}
         super().__init__(settings, rank, world_size, limits, views)
-        self._anchor: tuple[int, dict[str, int]] = (0, {})  # the first epoch of these settings, its starts
+        self._anchor: tuple[int, dict[str, Cursor]] = (0, {})  # the first epoch of these settings, its starts
         self._windows(0, settings)  # a source to give samples without any: said now, not at the first epoch
 
     @property
@@ -127,7 +133,7 @@ class MixedEpochs(EpochPipe):
         totals = [self.indexes[n].total for n in settings.names]
         if epoch < anchor:
             anchor, starts = 0, {}
-        return epoch_windows(settings, totals, epoch, anchor, [starts.get(n, 0) for n in settings.names])
+        return epoch_windows(settings, totals, epoch, anchor, [starts.get(n, Cursor()) for n in settings.names])
 
     # ------------------------------------------------------------ EpochPipe's questions
 
@@ -136,7 +142,8 @@ class MixedEpochs(EpochPipe):
         if state is not None and state.mixture is not None and state.epoch == epoch:
             settings = state.settings
             saved = {w.name: w for w in state.mixture}
-            windows = [Window(saved[n].start, saved[n].count) for n in settings.names]
+            windows = [Window(saved[n].start, saved[n].count, saved[n].skip_pass, saved[n].skip)
+                       for n in settings.names]
         else:
             settings = self.settings
             windows = self._windows(epoch, settings)
@@ -153,15 +160,35 @@ class MixedEpochs(EpochPipe):
 
     def _state_fields(self, run: Run) -> dict:
         settings = run.plan.settings
-        windows = tuple(SourceWindow(n, w.start, w.count, self.indexes[n].total, len(self.indexes[n]))
-                        for n, w in zip(settings.names, run.plan.windows))
+        windows = tuple(SourceWindow(n, w.start, w.count, self.indexes[n].total, len(self.indexes[n]), w.skip_pass,
+                                     w.skip) for n, w in zip(settings.names, run.plan.windows))
         return {"settings": settings, "mixture": windows}
+
+    def step_state(self, epoch: int, batches: int, world: int | None = None, workers: int | None = None) -> EpochState:
+        """The state after this rank took ``batches`` batches of ``epoch`` (a step count), with
+        the mix that plans that epoch: what to save in a checkpoint for ``DataLoader`` and
+        DataLoader2 (``.to_dict()`` is plain JSON), so that a pipe built with other weights,
+        counts or batching finishes the epoch as it was planned. ``world`` and ``workers``:
+        the topology of the run that took them, as for :class:`EpochState`."""
+        pending = self._resume if self._resume is not None and self._resume.epoch == epoch else None
+        plan = self._plan(epoch, world or self._where.resolve().world, 1, (), pending)
+        windows = tuple(SourceWindow(n, w.start, w.count, self.indexes[n].total, len(self.indexes[n]), w.skip_pass,
+                                     w.skip) for n, w in zip(plan.settings.names, plan.windows))
+        return EpochState(epoch=epoch, batches=batches, world=world, workers=workers, settings=plan.settings,
+                          mixture=windows)
 
     def _accept(self, state: EpochState) -> None:
         if isinstance(state.settings, PlanSettings):
             raise ValueError("this is one dataset's state (ExactEpochs'); MixedEpochs reads a mixture")  # noqa: TRY004
-        if state.mixture is None:
-            return  # a state made from a step count: this pipe's own plan of that epoch
+        if state.mixture is None:  # a bare step count: fine at an epoch's start or end, not within it
+            started = state.batches != 0 if state.batches is not None else any(state.taken)
+            if started and not epoch_finished(state, self._plan_of(state), self._where.resolve().world):
+                raise ValueError(
+                    f"{state.epoch_label()} holds no mix: this MixedEpochs would plan epoch {state.epoch} by its own "
+                    "weights, counts and batching, which need not be the ones that planned it. Save "
+                    "source.step_state(epoch, batches).to_dict() in the checkpoint (the step count with its mix) and "
+                    "load that, or StatefulDataLoader's state_dict()")
+            return
         for window in state.mixture:
             index = self.indexes.get(window.name)
             if index is None:
@@ -180,7 +207,8 @@ class MixedEpochs(EpochPipe):
     def _adopt(self, state: EpochState, finished: bool) -> None:
         if state.mixture is None:
             return
-        self._anchor = (state.epoch + 1, {w.name: next_start(Window(w.start, w.count), w.samples, state.settings.stop)
+        self._anchor = (state.epoch + 1, {w.name: next_cursor(Window(w.start, w.count, w.skip_pass, w.skip),
+                                                              w.samples, state.settings.stop)
                                           for w in state.mixture})
 
 

@@ -11,9 +11,10 @@ An epoch of a mixture in five steps:
    stop rule (the epoch ends when the first source, or every source, has given all its
    samples); or from each source's own ``repeat`` factor or ``choose`` count.
 2. **Windows** (:func:`epoch_windows`). Each source is an endless run of passes over its
-   shards, each pass in its own order (:func:`~.plan.stream_window`); an epoch takes the
-   next window of its count (with ``all_exhausted`` from the start of the next pass, so
-   that every sample comes in every epoch).
+   shards, each pass in its own order; an epoch takes the next window of its count
+   (:mod:`.stream`: no sample twice in a window of at most the source's size, each at
+   most ceil(count / size) times in a longer one; with ``all_exhausted`` from the start of
+   the next pass, so that every sample comes in every epoch).
 3. **Split.** The epoch's positions are cut between ranks and workers as one dataset's
    are (:func:`~.plan.split_shares`; in whole batches for ``stratified`` and
    ``per_source``). What ``drop`` leaves out, or ``pad`` repeats, is shared between the
@@ -45,8 +46,9 @@ from fractions import Fraction
 import numpy as np
 
 from .orders import apportion, arrangement, exact
-from .plan import ReaderPlan, Segment, Shares, check_reading, repeated, split_shares, stream_window
+from .plan import ReaderPlan, Segment, Shares, check_reading, repeated, split_shares
 from .spans import SpanList
+from .stream import Cursor, advance, cursor_after, window
 
 BATCHINGS = ("random", "stratified", "per_source")
 STOPS = ("first_exhausted", "all_exhausted", "cycle")
@@ -171,10 +173,23 @@ def epoch_counts(settings: MixSettings, totals: Sequence[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class Window:
-    """Samples ``start`` .. ``start + count - 1`` of a source's endless run of passes."""
+    """``count`` samples of a source's endless run of passes from ``start`` (pass
+    ``start // size``, that many samples in), in a pass that leaves out the first ``skip``
+    samples of pass ``skip_pass`` (see :mod:`.stream`)."""
 
     start: int
     count: int
+    skip_pass: int = 0
+    skip: int = 0
+
+    @classmethod
+    def at(cls, cursor: Cursor, total: int, count: int) -> Window:
+        return cls(cursor.pass_index * total + cursor.offset, count, cursor.skip_pass, cursor.skip)
+
+    def cursor(self, total: int) -> Cursor:
+        if not total:
+            return Cursor()
+        return Cursor(self.start // total, self.start % total, self.skip_pass, self.skip)
 
 
 def source_seed(seed: int, name: str) -> int:
@@ -183,32 +198,22 @@ def source_seed(seed: int, name: str) -> int:
     return (seed * 0x9E3779B1 + zlib.crc32(name.encode("utf-8"))) & 0xFFFFFFFFFFFF
 
 
-def next_start(window: Window, total: int, stop: str | None) -> int:
+def next_cursor(window: Window, total: int, stop: str | None) -> Cursor:
     """Where a source's next window starts: after this one, or, with ``all_exhausted``, at
     the next pass's start (so each epoch holds whole passes)."""
-    end = window.start + window.count
-    if stop == "all_exhausted" and total:
-        return -(-end // total) * total
-    return end
+    return advance(window.cursor(total), window.count, total, stop)
 
 
 def epoch_windows(settings: MixSettings, totals: Sequence[int], epoch: int, anchor: int = 0,
-                  starts: Sequence[int] | None = None) -> list[Window]:
-    """Each source's window of ``epoch``, given where each started at epoch ``anchor``
+                  starts: Sequence[Cursor] | None = None) -> list[Window]:
+    """Each source's window of ``epoch``, given where each stood at epoch ``anchor``
     (default: epoch 0 at the start of every source's first pass)."""
     if epoch < anchor:
         raise ValueError(f"epoch {epoch} comes before the anchor epoch {anchor}")
     counts = epoch_counts(settings, totals)
-    starts = [0] * len(counts) if starts is None else list(starts)
-    windows = []
-    for count, total, start in zip(counts, totals, starts):
-        step = count
-        if settings.stop == "all_exhausted" and total:
-            step = -(-count // total) * total
-        windows.append(Window(start + (epoch - anchor) * step, count))
-    return windows
-
-
+    starts = [Cursor()] * len(counts) if starts is None else list(starts)
+    return [Window.at(cursor_after(start, count, int(total), epoch - anchor, settings.stop), int(total), count)
+            for count, total, start in zip(counts, totals, starts)]
 
 
 # ---------------------------------------------------------------- steps 3 to 5: the plan
@@ -266,14 +271,17 @@ class MixPlan:
         start, stop = self.split.reader_range(rank, worker)
         before, upto = self.order.counts_before(start), self.order.counts_before(stop)
         total = max(stop - start, 1)
+        lengths = (upto - before).tolist()
+        # The sources share the reader's lanes and its block by their parts (each at least one
+        # lane), so that the open shards and the samples held are one dataset's, plus one per source.
+        lanes = apportion(s.lanes, lengths) if any(lengths) else [1] * len(lengths)
         spans, plans = [], []
         for k, sequence in enumerate(self.sequences):
-            length = int(upto[k] - before[k])
+            length = int(lengths[k])
             spans.append(sequence.slice(int(before[k]), int(upto[k])))
-            # Lanes per source; the blocks share the reader's one block by the sources' parts.
-            block = max(s.lanes, s.block * length // total)
+            block = max(lanes[k], 1, s.block * length // total)
             key = (s.seed, self.epoch, self.generation, rank, worker, k)
-            plans.append(ReaderPlan.build(length, s.lanes, block, key, s.shuffle))
+            plans.append(ReaderPlan.build(length, max(lanes[k], 1), block, key, s.shuffle))
         return MixReader(start, stop, tuple(spans), tuple(plans), before, self.order)
 
     def remaining(self, taken: Sequence[int]) -> list[SpanList]:
@@ -297,7 +305,7 @@ def plan_mixture(sizes: Sequence[Sequence[int]], settings: MixSettings, epoch: i
     """The plan of a mixed ``epoch`` on ``world`` x ``workers``: source ``k`` (shard sizes
     ``sizes[k]``) gives the samples of ``windows[k]``, less what the ``history`` segments
     (earlier stretches of this epoch on other topologies) yielded."""
-    sequences = [stream_window(s, source_seed(settings.seed, name), settings.shuffle, w.start, w.count)
+    sequences = [window(s, source_seed(settings.seed, name), settings.shuffle, w.cursor(int(np.sum(s))), w.count)
                  for s, name, w in zip(sizes, settings.names, windows)]
     for generation, segment in enumerate(history):
         earlier = _segment(settings, epoch, generation, sequences, segment.world, segment.workers)
@@ -315,12 +323,13 @@ def _segment(settings: MixSettings, epoch: int, generation: int, sequences: Sequ
         counts = [c // b * b if drop else -(-c // b) * b for c in counts]
     rounded = abs(sum(counts) - sum(len(s) for s in sequences))
     total = sum(counts)
-    if total == 0:
+    if total == 0 and generation == 0:  # the rest of a resumed epoch may be nothing (all yielded or dropped)
         raise ValueError(f"epoch {epoch} of the mixture holds no samples"
                          + (f" in whole batches of {b}" if settings.batching == "per_source" else ""))
     shares = split_shares(total, world, workers, b, settings.mode, whole_batches=settings.batching != "random")
     unit = b if settings.batching == "per_source" else 1
-    change = apportion((shares.dropped or shares.padded) // unit, [c // unit for c in counts])
+    change = apportion((shares.dropped or shares.padded) // unit, [c // unit for c in counts]) if total else \
+        [0] * len(counts)
     shares = replace(shares, dropped=shares.dropped + rounded * drop, padded=shares.padded + rounded * (not drop))
     kept = [c - x * unit if drop else c + x * unit for c, x in zip(counts, change)]
     adjusted = []

@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .plan import rng
+from .stream import rng
 
 # Domain tags of these draws (see plan.rng), apart from the plan's own.
 _HALVES, _LEAF, _EXTRAS, _WITHIN, _SOURCE = 0x4D1, 0x1EAF, 0xE47A, 0x5147, 0x50C3
@@ -234,4 +234,6 @@ def arrangement(batching: str, counts: Sequence[int], batch_size: int, key: Sequ
         return RandomOrder(counts, (_SOURCE, *key))
     if batching == "stratified":
         return StratifiedOrder(counts, batch_size, (_SOURCE, *key))
-    return PerSourceOrder(counts, batch_size, (_SOURCE, *key))
+    if batching == "per_source":
+        return PerSourceOrder(counts, batch_size, (_SOURCE, *key))
+    raise ValueError(f"batching must be 'random', 'stratified' or 'per_source', not {batching!r}")

@@ -10,7 +10,8 @@ An epoch in four steps:
 1. **Order.** The shards are put in an order drawn from (seed, epoch) and laid end to end:
    the epoch's *sequence*, one position per sample (:func:`epoch_sequence`). With
    ``samples_per_epoch`` the epochs are windows of that length over an endless run of
-   such passes, each pass in a new order (webdataset's ``with_epoch``, but exact).
+   such passes, each pass in a new order (webdataset's ``with_epoch``, but exact: no
+   sample twice in an epoch, :mod:`.stream`).
 2. **Split** (:func:`split_epoch`). Every rank gets the same number of samples: ``drop``
    leaves out the few at the end that do not divide evenly; ``pad`` repeats a few from
    the start, flagged as pads. A rank's share is cut into its workers' shares in whole
@@ -38,33 +39,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .spans import SpanList
+from .stream import Cursor, cursor_after, pass_sequence, rng, window
 
 MODES = ("drop", "pad")
 
-# Domain tags keep the random streams of different decisions apart.
-_SHARD_ORDER, _BLOCK_ORDER = 0x5A4D, 0xB10C
-
-
-def rng(*key: int) -> np.random.Generator:
-    """The generator of one decision, keyed by integers (a domain tag first, then seed, epoch, ...)."""
-    return np.random.default_rng([k & 0xFFFFFFFFFFFFFFFF for k in key])
+# Domain tag of the block orders (see stream.rng), apart from the shard orders'.
+_BLOCK_ORDER = 0xB10C
 
 
 # ---------------------------------------------------------------- step 1: the epoch's sequence
-
-
-def shard_order(n_shards: int, seed: int, pass_index: int, shuffle: bool) -> np.ndarray:
-    """The order of the shards in one pass over the data: a permutation drawn from (seed, pass)."""
-    if not shuffle:
-        return np.arange(n_shards, dtype=np.int64)
-    return rng(_SHARD_ORDER, seed, pass_index).permutation(n_shards)
-
-
-def pass_sequence(sizes: Sequence[int], seed: int, pass_index: int, shuffle: bool) -> SpanList:
-    """Every sample once: whole shards, in the pass's order."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    order = shard_order(len(sizes), seed, pass_index, shuffle)
-    return SpanList(order, np.zeros(len(order), dtype=np.int64), sizes[order])
 
 
 def epoch_sequence(sizes: Sequence[int], seed: int, epoch: int, shuffle: bool,
@@ -73,29 +56,18 @@ def epoch_sequence(sizes: Sequence[int], seed: int, epoch: int, shuffle: bool,
 
     Without ``samples_per_epoch``, epoch ``e`` is pass ``e``: every sample once. With it,
     the epochs are consecutive windows of that many samples over passes 0, 1, 2, ...,
-    each pass in its own order, so every sample comes equally often over many epochs.
+    each pass in its own order, no sample twice in an epoch of at most a pass
+    (:mod:`.stream`), every sample equally often over many epochs.
     """
     if samples_per_epoch is None:
         return pass_sequence(sizes, seed, epoch, shuffle)
     if samples_per_epoch < 1:
         raise ValueError(f"samples_per_epoch must be at least 1, got {samples_per_epoch}")
-    return stream_window(sizes, seed, shuffle, epoch * samples_per_epoch, samples_per_epoch)
-
-
-def stream_window(sizes: Sequence[int], seed: int, shuffle: bool, start: int, length: int) -> SpanList:
-    """Samples ``start`` .. ``start + length - 1`` of the endless run of passes 0, 1, 2, ...
-    over the shards, each pass in its own order."""
     total = int(np.sum(np.asarray(sizes, dtype=np.int64)))
-    if length <= 0:
-        return SpanList([], [], [])
     if total == 0:
         raise ValueError("an epoch of samples needs at least one sample in the shards")
-    stop = start + length
-    parts = []
-    for pass_index in range(start // total, (stop - 1) // total + 1):
-        base = pass_index * total
-        parts.append(pass_sequence(sizes, seed, pass_index, shuffle).slice(start - base, stop - base))
-    return SpanList.join(parts)
+    cursor = cursor_after(Cursor(), samples_per_epoch, total, epoch)
+    return window(sizes, seed, shuffle, cursor, samples_per_epoch)
 
 
 # ---------------------------------------------------------------- step 2: ranks and workers

@@ -63,6 +63,12 @@ class EpochState:
         if self.worker is not None and (self.taken is None or len(self.taken) != 1):
             raise ValueError("a worker's state gives taken=(samples,) for that worker")
 
+    def epoch_label(self) -> str:
+        """How the state reads in a message: ``EpochState(epoch=3, batches=120)``."""
+        fields = {"epoch": self.epoch, "batches": self.batches, "taken": self.taken, "world": self.world,
+                  "workers": self.workers}
+        return "EpochState(" + ", ".join(f"{k}={v}" for k, v in fields.items() if v is not None) + ")"
+
     # ------------------------------------------------------------ plain dicts (checkpoints)
 
     def to_dict(self) -> dict:
@@ -78,7 +84,8 @@ class EpochState:
         elif self.settings is not None:
             out["settings"] = asdict(self.settings)
         if self.mixture is not None:
-            out["mixture"] = [[w.name, w.start, w.count, w.samples, w.shards] for w in self.mixture]
+            out["mixture"] = [[w.name, w.start, w.count, w.samples, w.shards, w.skip_pass, w.skip]
+                              for w in self.mixture]
         return out
 
     @classmethod
@@ -98,8 +105,8 @@ class EpochState:
             rank=data.get("rank"), worker=data.get("worker"), rotation=int(data.get("rotation", 0)),
             history=tuple(Segment(int(w), int(k), tuple(int(n) for n in t)) for w, k, t in data.get("history", [])),
             settings=settings or None,
-            mixture=None if mixture is None else tuple(SourceWindow(str(n), int(a), int(c), int(t), int(k))
-                                                       for n, a, c, t, k in mixture),
+            mixture=None if mixture is None else tuple(SourceWindow(str(w[0]), *(int(x) for x in w[1:]))
+                                                       for w in mixture),
         )
 
     @classmethod
@@ -123,14 +130,17 @@ class EpochState:
 
 @dataclass(frozen=True)
 class SourceWindow:
-    """A mixture's source in a saved epoch: its window (``start``, ``count``) of its run of
-    passes, and its index's ``samples`` and ``shards`` (to see that it is the same data)."""
+    """A mixture's source in a saved epoch: its window (``start``, ``count``, ``skip_pass``,
+    ``skip``: :class:`~.mixture.Window`) of its run of passes, and its index's ``samples`` and
+    ``shards`` (to see that it is the same data)."""
 
     name: str
     start: int
     count: int
     samples: int
     shards: int
+    skip_pass: int = 0
+    skip: int = 0
 
 
 def _worker_states(value: object):
