@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import collections
 import http.server
+import io
 import os
+import tarfile
 import threading
 import time
 
@@ -225,3 +227,16 @@ class _FaultyHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(rest)
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+
+def tarfile_samples(data: bytes) -> list[tuple[str, dict[str, bytes]]]:
+    """(key, {field: bytes}) of each sample, as tarfile reads a shard's bytes: the oracle of
+    the fault tests."""
+    samples: list[tuple[str, dict[str, bytes]]] = []
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            key, _, field = member.name.partition(".")
+            if not samples or samples[-1][0] != key:
+                samples.append((key, {}))
+            samples[-1][1][field] = tar.extractfile(member).read()
+    return samples

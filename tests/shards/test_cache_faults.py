@@ -13,13 +13,12 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import tarfile
 import zlib
 from pathlib import Path
 
 import pytest
 import webdataset as wds
-from shard_server import FAULTS, FaultyShardServer, ShardServer
+from shard_server import FAULTS, FaultyShardServer, ShardServer, tarfile_samples
 
 import wds_datapipes as wd
 from wds_datapipes import CacheDirectoryError, Limits, WdsError
@@ -41,18 +40,6 @@ def _tar(shard: int, version: int, rng: random.Random) -> bytes:
             writer.write({"__key__": f"s{shard}-{i:03d}", "cls": f"{version}".encode(),
                           "bin": rng.randbytes(rng.randrange(10, 30_000))})
     return out.getvalue()
-
-
-def oracle(data: bytes) -> list[tuple[str, dict[str, bytes]]]:
-    """(key, {field: bytes}) of each sample, as tarfile reads the shard's bytes: the oracle."""
-    samples: list[tuple[str, dict[str, bytes]]] = []
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        for member in tar:
-            key, _, field = member.name.partition(".")
-            if not samples or samples[-1][0] != key:
-                samples.append((key, {}))
-            samples[-1][1][field] = tar.extractfile(member).read()
-    return samples
 
 
 def _samples(url: str, limits: Limits | None = None) -> list[tuple[str, dict[str, bytes]]]:
@@ -80,7 +67,7 @@ def test_the_cache_behind_a_server_that_fails_cuts_and_changes_answers_never_kee
     each version's bytes as written."""
     rng = random.Random(seed)
     versions = {f"s{i}.tar": [_tar(i, v, rng) for v in range(2)] for i in range(3)}
-    expected = {name: [oracle(data) for data in datas] for name, datas in versions.items()}
+    expected = {name: [tarfile_samples(data) for data in datas] for name, datas in versions.items()}
     faulty = {"on": True}
 
     def schedule(name: str, number: int) -> str:
@@ -121,9 +108,9 @@ def test_a_failed_read_through_pipe_curl_is_not_kept(fault, tmp_path):
         wd.set_cache(tmp_path / "cache", "1GB")
         with pytest.raises(WdsError):
             _samples(url)
-        assert _samples(url) == oracle(versions["s.tar"][0])  # fetched again: the failed read was not kept
+        assert _samples(url) == tarfile_samples(versions["s.tar"][0])  # fetched again: the failed read was not kept
         hits = wd.cache_stats().hits
-        assert _samples(url) == oracle(versions["s.tar"][0]) and wd.cache_stats().hits == hits + 1
+        assert _samples(url) == tarfile_samples(versions["s.tar"][0]) and wd.cache_stats().hits == hits + 1
 
 
 def test_verify_finds_a_copy_that_is_not_a_whole_tar(tmp_path, sized_shards):
@@ -198,7 +185,7 @@ def test_a_cache_directory_others_may_write_is_refused_and_reads_go_to_the_sourc
     monkeypatch.setattr(cache, "_settings_read", False)
     with ShardServer(str(tmp_path / "remote")) as server, caplog.at_level(logging.WARNING, "wds_datapipes"):
         url = server.url(os.path.basename(path))
-        assert _samples(url) == _samples(url) == oracle(Path(path).read_bytes())
+        assert _samples(url) == _samples(url) == tarfile_samples(Path(path).read_bytes())
     assert len([r for r in caplog.records if "writable by others" in r.message]) == 1
     assert os.listdir(shared) == []
 

@@ -4,16 +4,14 @@ needed still is, naming the command."""
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import pytest
-from shard_server import FaultyShardServer
+from shard_server import FaultyShardServer, tarfile_samples
 
 import wds_datapipes as wd
 from wds_datapipes import Limits, ShardOpenError
@@ -21,18 +19,6 @@ from wds_datapipes.epochs.index import scan_shard
 
 pytestmark = pytest.mark.timeout(120)
 CURL = shutil.which("curl")
-
-
-def oracle(data: bytes) -> list[tuple[str, dict[str, bytes]]]:
-    """(key, {field: bytes}) of each sample, as tarfile reads the shard's bytes: the oracle."""
-    samples: list[tuple[str, dict[str, bytes]]] = []
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        for member in tar:
-            key, _, field = member.name.partition(".")
-            if not samples or samples[-1][0] != key:
-                samples.append((key, {}))
-            samples[-1][1][field] = tar.extractfile(member).read()
-    return samples
 
 
 def read(url: str, limits: Limits | None = None, handler=None) -> list[tuple[str, dict[str, bytes]]]:
@@ -50,8 +36,8 @@ def test_pipe_curl_whose_tar_padding_comes_late_gives_every_sample_and_no_error(
     with FaultyShardServer(versions, lambda name, n: "late-tail", late=0.2) as server:
         for name, (data,) in versions.items():
             url = f"pipe:curl -s {server.url(name)}"
-            assert read(url) == oracle(data), url
-            assert scan_shard(url).nsamples == len(oracle(data))  # index reads headers only, and stops alike
+            assert read(url) == tarfile_samples(data), url
+            assert scan_shard(url).nsamples == len(tarfile_samples(data))  # index reads headers only, and stops alike
 
 
 def test_a_break_out_of_a_lingering_command_neither_waits_nor_prints_an_ignored_exception(make_shards, tmp_path,
@@ -113,4 +99,4 @@ def test_exact_epochs_spans_ending_mid_shard_over_pipe_curl_give_every_sample_on
         index.allow_pipe = True
         pipe = wd.ExactEpochs(index, batch_size=7, lanes=4, block=8, seed=1)
         keys = sorted(s["__key__"] for s in pipe)
-    assert keys == sorted(key for data, in versions.values() for key, _ in oracle(data))
+    assert keys == sorted(key for data, in versions.values() for key, _ in tarfile_samples(data))
