@@ -16,6 +16,7 @@ import os
 import select
 import signal
 import subprocess
+import time
 import urllib.request
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -294,9 +295,10 @@ class _CommandStream:
 
     Closing it says how the command ended:
 
-    - Closed before its output ended, the reader is done with it (tar's end-of-archive
-      block seen before the record padding arrived, a span ending mid-shard, a ``break``):
-      the command is stopped (its output closed, then ``SIGTERM`` to what its shell
+    - Closed before its output ended, what it still writes within a second (at most
+      256 KiB: a tar's record padding after the end-of-archive block) is read: if its
+      output then ends, it was read whole (below). Otherwise the reader is done with it (a
+      span ending mid-shard, a ``break``): the command is stopped (its output closed, then ``SIGTERM`` to what its shell
       started) without a wait, and whatever that makes it exit with (``curl``'s 23 for
       a failed write, SIGPIPE, SIGTERM) is not an error. Only a command that had already
       exited non-zero by then (it said it failed while writing what the reader took) is.
@@ -356,6 +358,8 @@ class _CommandStream:
     def close(self) -> None:
         if self._out.closed:
             return
+        if not self._ended:
+            self._drain()
         if not self._ended:  # the reader is done with it: stopped, and that is no error
             before = self._proc.poll()
             self._out.close()
@@ -373,6 +377,23 @@ class _CommandStream:
         if status not in _CLEAN_EXITS:
             raise ShardOpenError(self.url, f"command exited with status {status}")
         self.succeeded = status == 0
+
+    def _drain(self) -> None:
+        """Reads what the command still writes for a moment (a tar's record padding after its
+        end-of-archive block): a command whose output then ends was read whole, and its exit
+        status counts (``gsutil cat`` checks a CRC at the end). One that goes on writing past
+        ``_DRAIN_BYTES`` or for ``_DRAIN_S`` seconds has more than padding to give: the reader
+        stopped early."""
+        deadline, drained = time.monotonic() + _DRAIN_S, 0
+        while drained <= _DRAIN_BYTES:
+            ready, _, _ = select.select([self._out], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return
+            chunk = self._out.read(1 << 16)
+            if not chunk:
+                self._ended = True
+                return
+            drained += len(chunk)
 
     def _stop(self) -> None:
         """Stops the command and what its shell started: SIGTERM, then SIGKILL to what is left
@@ -393,6 +414,9 @@ class _CommandStream:
                     pass
             return
 
+
+# What a closed command may still write that is read, to see its exit status: a tar's record padding.
+_DRAIN_BYTES, _DRAIN_S = 1 << 18, 1.0
 
 # How a command that was read to its end may exit: 0, or SIGPIPE inside a pipeline of its own.
 _CLEAN_EXITS = (0, -13, 141)
