@@ -196,6 +196,10 @@ def test_a_step_count_resumed_with_new_weights_finishes_its_epoch_as_planned_or_
         bare.load_state_dict(wd.EpochState(epoch=0, batches=3))
     bare.load_state_dict(wd.EpochState(epoch=1, batches=0))  # at an epoch's start a step count is enough
     assert Counter(s["__source__"] for s in bare) == {"web": 32, "books": 128}
+    # At the old epoch's end (10 batches) too: under new weights its plan may end earlier or
+    # later, so only the next epoch's start is taken without the mix.
+    with pytest.raises(ValueError, match="holds no mix"):
+        pipe({"web": 0.2, "books": 0.8, "tiny": 0.0}).load_state_dict(wd.EpochState(epoch=0, batches=10))
 
 
 def test_new_weights_on_resume_take_effect_at_the_next_epoch(sources, caplog):

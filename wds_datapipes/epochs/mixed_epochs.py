@@ -17,7 +17,7 @@ from .index import ShardIndex
 from .mixture import MixSettings, Window, epoch_windows, next_cursor, plan_mixture
 from .plan import PlanSettings, Segment
 from .reading import check_shards, read_mixed
-from .state import EpochState, SourceWindow, epoch_finished
+from .state import EpochState, SourceWindow
 from .stream import Cursor
 
 logger = logging.getLogger("wds_datapipes")
@@ -71,7 +71,7 @@ class MixedEpochs(EpochPipe):
     epoch finishes as it was planned, the new settings hold from the next one; sources may be
     added (they start at their first pass) or left out then. ``batch_size`` must stay. For
     ``DataLoader`` and DataLoader2, save :meth:`step_state` (the step count with its mix): a bare
-    ``EpochState(epoch, batches)`` is refused within an epoch.
+    ``EpochState(epoch, batches)`` is refused past an epoch's start.
 
     Example:
         >>> dp = MixedEpochs({"web": "web/index.json", "books": "books/index.json"},
@@ -180,9 +180,10 @@ class MixedEpochs(EpochPipe):
     def _accept(self, state: EpochState) -> None:
         if isinstance(state.settings, PlanSettings):
             raise ValueError("this is one dataset's state (ExactEpochs'); MixedEpochs reads a mixture")  # noqa: TRY004
-        if state.mixture is None:  # a bare step count: fine at an epoch's start or end, not within it
-            started = state.batches != 0 if state.batches is not None else any(state.taken)
-            if started and not epoch_finished(state, self._plan_of(state), self._where.resolve().world):
+        if state.mixture is None:  # a bare step count: fine at an epoch's start only
+            # Whether an epoch ended depends on its plan, which new weights or a new stop rule
+            # change: the end of an epoch is saved as the next one's start, or with the mix.
+            if state.batches != 0 if state.batches is not None else any(state.taken):
                 raise ValueError(
                     f"{state.epoch_label()} holds no mix: this MixedEpochs would plan epoch {state.epoch} by its own "
                     "weights, counts and batching, which need not be the ones that planned it. Save "
