@@ -228,6 +228,8 @@ def test_no_secret_of_a_url_or_command_shows_in_an_error(password, signature, to
         for shown in (str(error), str(pickle.loads(pickle.dumps(error)))):
             assert password not in shown and signature not in shown and token not in shown
             assert "data.example.com/train/shard-000001.tar" in shown and "part=7" in shown
+    plain = "https://h/a.tar?design=1&keyframe=2&monkey=3"  # names that merely contain "sig" or "key"
+    assert str(ShardOpenError(plain, "gone")) == f"cannot open shard {plain!r}: gone"
 
 
 def test_a_failing_read_of_a_url_with_secrets_shows_none_in_the_error_or_the_log(caplog):

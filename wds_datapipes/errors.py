@@ -16,8 +16,9 @@ from typing import Any
 # (``https://user:pw@host``), the signature, credential and token parameters of presigned
 # URLs (S3's X-Amz-*, GCS's X-Goog-*, Azure SAS ``sig``), and an Authorization header value.
 _USER_PASSWORD = re.compile(r"(://[^/@\s:'\"]+:)[^/@\s'\"]+@")
-_SECRET_PARAMETER = re.compile(
-    r"([?&;][^=&\s'\"]*(?:signature|credential|token|secret|password|sig|key)[^=&\s'\"]*=)[^&\s'\"]+", re.IGNORECASE)
+_SECRET_PARAMETER = re.compile(  # a whole parameter name, or its last part after - _ . (X-Amz-Security-Token)
+    r"([?&;](?:[^=&\s'\"]*[-_.])?(?:signature|credential|token|secret|password|sig|key|apikey)=)[^&\s'\"]+",
+    re.IGNORECASE)
 _AUTHORIZATION = re.compile(r"(authorization:\s*)(?:\w+\s+)?[^\s'\"]+", re.IGNORECASE)
 
 
@@ -39,7 +40,8 @@ class _Redacting(logging.Filter):
         return True
 
 
-logging.getLogger("wds_datapipes").addFilter(_Redacting())
+for _name in ("wds_datapipes", "aisio"):  # our loggers (a filter is not inherited by child loggers)
+    logging.getLogger(_name).addFilter(_Redacting())
 
 
 class WdsError(Exception):

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wds_datapipes.decoding.media import FRAME_TIME_SLACK, VideoSpec, decode_video
+from wds_datapipes.decoding.media import VideoSpec, decode_video
 
 try:  # FFmpeg's shared libraries are loaded on import: without them torchcodec cannot decode media
     import torchcodec.decoders  # noqa: F401
@@ -57,7 +57,7 @@ def _model(times: list[Fraction], end: Fraction, k: int, start: Fraction, durati
     begin = times[0]
     start = begin + start
     stop = end if duration is None else min(end, start + duration)
-    slack = min(Fraction(FRAME_TIME_SLACK), (end - begin) / len(times) / 4)
+    slack = min(Fraction(1, 1000), (end - begin) / len(times) / 4)  # the documented 1 ms, at most a quarter frame
     chosen = []
     for i in range(k):
         t = start + i * (stop - start) / k + slack + nudge
