@@ -371,6 +371,17 @@ def first_batch_seconds(make: Callable[[], Iterable]) -> float:
     return elapsed
 
 
+def front_door_rows(args: argparse.Namespace, photos: list[str], jpgs: list[bytes], turns: int):
+    print(f"\n3b. every front door on 2 cores, eval crops, epochs timed from building the loader; medians of {turns} "
+          "rounds in turn")
+    sizes = [count_samples(wd.ShardLister([f]).load_tar().group_by_key()) for f in photos]
+    lit_photos = None if litdata is None else litdata_copy(
+        photos, os.path.join(args.data, "litdata", f"photos-{len(jpgs)}"))
+    return timed_in_turn(front_doors(photos, jpgs, sizes, BATCH, EVAL, torchvision_transform(EVAL), bare_vision,
+                                     ours_vision, through_dataloader2 if DataLoader2 is not None else None,
+                                     lit_photos), count_samples, expect=len(jpgs), rounds=turns)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--photos", type=int, default=2000)
@@ -380,6 +391,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="500 photos, fewer samples elsewhere, 1 repeat, 2 rounds, data in DATA-quick: "
                              "checks that the script runs")
+    parser.add_argument("--front-doors", action="store_true", help="only section 3b (every front door beside the peers)")
     parser.add_argument("--shuffled", choices=["default", "keep_freed_memory"],
                         help="only section 5's rows with this allocator (main runs it in a fresh process)")
     args = parser.parse_args()
@@ -396,6 +408,10 @@ def main() -> None:
           f"python {platform.python_version()}, torch {torch.__version__}, torchvision {torchvision.__version__}"
           + ("" if litdata is None else f", litdata {litdata.__version__}"))
     photos = make_photo_shards(os.path.join(args.data, "photos"), args.photos)
+    if args.front_doors:
+        count_samples(wd.ShardLister(photos).load_tar())  # warm the page cache
+        front_door_rows(args, photos, [s["jpg"] for s in wd.ShardLister(photos).load_tar().group_by_key()], turns)
+        return
     payloads = {kb: make_payload_shards(os.path.join(args.data, "payload"), kb, count=1000 if args.quick else 4000)
                 for kb in (1, 16, 100)}
     small_shards = 2 if args.quick else 8
@@ -481,14 +497,7 @@ def main() -> None:
     for name, seconds in first.items():
         print(f"  time to the first batch, {name:<52} {seconds * 1000:8.0f} ms (median of 5)")
 
-    print(f"\n3b. every front door on 2 cores, eval crops, epochs timed from building the loader; medians of {turns} "
-          "rounds in turn")
-    sizes = [count_samples(wd.ShardLister([f]).load_tar().group_by_key()) for f in photos]
-    lit_photos = None if litdata is None else litdata_copy(
-        photos, os.path.join(args.data, "litdata", f"photos-{len(jpgs)}"))
-    doors = timed_in_turn(front_doors(photos, jpgs, sizes, BATCH, EVAL, torchvision_transform(EVAL), bare_vision,
-                                      ours_vision, through_dataloader2 if DataLoader2 is not None else None,
-                                      lit_photos), count_samples, expect=len(jpgs), rounds=turns)
+    doors = front_door_rows(args, photos, jpgs, turns)
 
     print("\n4. uniform small images (256x256 JPEG), decoded into the batch (wall clock)")
     table.cpu = True
