@@ -28,6 +28,7 @@ from importlib.metadata import entry_points
 import numpy as np
 
 from .epochs.index import ShardIndex, ShardScan, build_index, check_scan_against, scan_shard
+from .epochs.places import ShardPlaces  # noqa: F401 - a name this module has held (docs/layout.md)
 from .errors import WdsError
 from .shards.grouping import group_members
 from .shards.listing import expand_url_spec, resolve_local
