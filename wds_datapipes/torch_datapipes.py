@@ -47,11 +47,11 @@ if _deprecations:
                    "and on its own stand-in after that", _deprecations[0].message)
 
 
-def attribute_graph(datapipe: IterDataPipe, seen: frozenset = frozenset()) -> dict:
+def _attribute_graph(datapipe: IterDataPipe, seen: frozenset = frozenset()) -> dict:
     """{id: (pipe, graph of the pipes it reads)}, found through the pipes' attributes (and
     lists, tuples and dicts held in them)."""
     seen = seen | {id(datapipe)}
-    children = {id(s): attribute_graph(s, seen)[id(s)] for s in _attribute_sources(datapipe) if id(s) not in seen}
+    children = {id(s): _attribute_graph(s, seen)[id(s)] for s in _attribute_sources(datapipe) if id(s) not in seen}
     return {id(datapipe): (datapipe, children)}
 
 
@@ -134,7 +134,7 @@ if not HAVE_TORCH_DATAPIPES:
                 if i % self.num_of_instances == self.instance_id:
                     yield item
 
-    traverse_dps = attribute_graph
+    traverse_dps = _attribute_graph
 
 
 def walk_graph(datapipe: IterDataPipe) -> dict:
@@ -145,7 +145,7 @@ def walk_graph(datapipe: IterDataPipe) -> dict:
     except Exception:  # noqa: BLE001 - torch's walk pickles the graph: anything unpicklable fails it
         logger.debug("torch cannot walk the graph of %s: its pipes are found through attributes",
                       type(datapipe).__name__)
-        return attribute_graph(datapipe)
+        return _attribute_graph(datapipe)
 
 
 _GRAPH_NAMES: frozenset[str] = frozenset()
@@ -186,7 +186,6 @@ __all__ = [
     "IterDataPipe",
     "ShardingFilterIterDataPipe",
     "add_graph_attributes",
-    "attribute_graph",
     "functional_datapipe",
     "traverse_dps",
     "walk_graph",

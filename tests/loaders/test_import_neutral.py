@@ -233,25 +233,3 @@ def test_set_epoch_where_nothing_listens_does_nothing_and_says_so_at_debug(caplo
         pipeline_set_epoch(dp, 3)
     assert list(dp) == [[0, 1], [2, 3]]
     assert "nothing upstream draws per-epoch orders" in caplog.text
-
-
-class _Tripwire:
-    """Held by a foreign pipe: pickling it (as torch's graph walk does) is counted."""
-
-    pickled = 0
-
-    def __reduce__(self):
-        type(self).pickled += 1
-        return (_Tripwire, ())
-
-
-@needs_torch_datapipes
-def test_asking_a_foreign_pipeline_for_the_hooks_pickles_nothing_it_holds():
-    """Oracle: without the import, ``hasattr`` pickles nothing; with it, still nothing (a
-    pipeline holding a large list must not be copied to answer a trainer's duck-typing)."""
-    from torch.utils.data.datapipes.iter import IterableWrapper
-
-    dp = IterableWrapper([_Tripwire() for _ in range(3)]).map(_identity).batch(2)
-    assert _hook_names(dp) == set()
-    assert _Tripwire.pickled == 0
-    assert [len(b) for b in dp] == [2, 1]

@@ -30,7 +30,7 @@ from ..epochs.epoch_pipe import EpochPipe
 from ..epochs.state import EpochState
 from ..pipe_base import Pipe
 from ..topology import EpochSeed
-from ..torch_datapipes import IterDataPipe, add_graph_attributes, attribute_graph, walk_graph
+from ..torch_datapipes import IterDataPipe, add_graph_attributes, walk_graph
 
 logger = logging.getLogger("wds_datapipes")
 REPLAY = "wds_datapipes.replay/1"  # the state of a pipeline without an exact-epoch source
@@ -85,22 +85,12 @@ def _graph(pipe: IterDataPipe) -> _Graph:
 
 
 def _walk(pipe: IterDataPipe) -> _Graph:
-    if not any(_is_ours(p) for p in _all_pipes(attribute_graph(pipe))):
-        # Found through attributes, with nothing pickled: a graph of foreign pipes costs its
-        # owner nothing (``hasattr(pipe, "set_epoch")`` must not pickle a large list it holds).
-        return _NOTHING
     graph = walk_graph(pipe)
     pipes = list({id(p): p for p in _all_pipes(graph)}.values())  # once each (forks meet again)
     listeners = [p for p in pipes if any("set_epoch" in vars(c) for c in type(p).__mro__)]
     seeded = [p for p in pipes if isinstance(p.__dict__.get("seeds"), EpochSeed)]
     exact = (pipe, 1) if isinstance(pipe, EpochPipe) else _find_source(pipe, graph)
     return _Graph(listeners, seeded, exact)
-
-
-def _is_ours(pipe: IterDataPipe) -> bool:
-    """Whether ``pipe`` takes ``set_epoch``, draws seeded orders or is an exact-epoch source."""
-    return (isinstance(pipe, EpochPipe) or isinstance(pipe.__dict__.get("seeds"), EpochSeed)
-            or any("set_epoch" in vars(c) for c in type(pipe).__mro__))
 
 
 def _find_source(pipe: IterDataPipe, graph: dict) -> tuple[EpochPipe, int] | None:
