@@ -14,16 +14,13 @@ import threading
 import time
 
 
-class ShardServer(http.server.ThreadingHTTPServer):
+class _LocalServer(http.server.ThreadingHTTPServer):
+    """An HTTP server on a free port of 127.0.0.1, serving from a thread inside ``with``."""
+
     daemon_threads = True
 
-    def __init__(self, folder: str, rate: float = 0):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.folder, self.rate = folder, rate
-        self.gets: collections.Counter[str] = collections.Counter()
-        self.heads: collections.Counter[str] = collections.Counter()
-        self.sent = 0
-        self.counting = threading.Lock()
+    def __init__(self, handler: type):
+        super().__init__(("127.0.0.1", 0), handler)
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     def url(self, name: str) -> str:
@@ -36,6 +33,17 @@ class ShardServer(http.server.ThreadingHTTPServer):
     def __exit__(self, *exc) -> None:
         self.shutdown()
         self.server_close()
+
+
+class ShardServer(_LocalServer):
+    def __init__(self, folder: str, rate: float = 0):
+        super().__init__(_Handler)
+        self.folder, self.rate = folder, rate
+        self.gets: collections.Counter[str] = collections.Counter()
+        self.heads: collections.Counter[str] = collections.Counter()
+        self.sent = 0
+        self.counting = threading.Lock()
+
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -104,7 +112,7 @@ FAULTS = ("ok", "503", "cut", "cut-unsized", "stall", "late-tail", "change")
 _HTML_503 = b"<html><head><title>503 Service Unavailable</title></head><body>Try again later.</body></html>\n"
 
 
-class FaultyShardServer(http.server.ThreadingHTTPServer):
+class FaultyShardServer(_LocalServer):
     """Serves in-memory objects, each GET answered as ``schedule(name, request number)`` says:
 
     ``ok``; ``503`` (an HTML page, as a busy proxy sends it); ``cut`` (the body stops at
@@ -118,11 +126,9 @@ class FaultyShardServer(http.server.ThreadingHTTPServer):
     in order: what a reader may see of it.
     """
 
-    daemon_threads = True
-
     def __init__(self, versions: dict[str, list[bytes]], schedule, stall: float = 1.0, late: float = 0.2,
                  seed: int = 0):
-        super().__init__(("127.0.0.1", 0), _FaultyHandler)
+        super().__init__(_FaultyHandler)
         import random
 
         self.versions = versions
@@ -132,21 +138,10 @@ class FaultyShardServer(http.server.ThreadingHTTPServer):
         self.requests: collections.Counter[str] = collections.Counter()
         self.answers: list[tuple[str, str]] = []
         self.lock = threading.Lock()
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/{name}"
 
     def body(self, name: str) -> bytes:
         return self.versions[name][self.current[name]]
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-        self.server_close()
 
 
 class _FaultyHandler(http.server.BaseHTTPRequestHandler):
