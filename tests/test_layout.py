@@ -16,12 +16,13 @@ LONGEST = 500  # lines: past this a module hides its structure
 ROOMS_BELOW = {
     "basics": set(),
     "tar": {"basics"},
-    "shards": {"basics", "tar"},
+    "storage": {"basics"},
+    "shards": {"basics", "tar", "storage"},
     "pipes": {"basics"},
     "decoding": {"basics", "pipes"},
-    "epochs": {"basics", "tar", "shards"},
+    "epochs": {"basics", "tar", "storage", "shards"},
     "loaders": {"basics", "epochs"},
-    "writing": {"basics", "tar", "shards", "decoding", "epochs"},
+    "writing": {"basics", "tar", "storage", "shards", "decoding", "epochs"},
 }
 TOP = {"wds_datapipes", "wds_datapipes.__main__", "wds_datapipes.cli", "wds_datapipes._retired"}  # may import any room
 

@@ -153,7 +153,7 @@ def test_http_error_raises_shard_open_error_with_the_status(http_root):
 
 
 def test_registered_opener_handles_its_scheme(make_shards, monkeypatch):
-    monkeypatch.setattr(openers_module, "_OPENERS", dict(openers_module._OPENERS))
+    monkeypatch.setattr(openers_module, "_BACKENDS", dict(openers_module._BACKENDS))
     shards = make_shards(2, 2)
     opened = []
 
@@ -170,7 +170,7 @@ def test_registered_opener_handles_its_scheme(make_shards, monkeypatch):
 
 
 def test_opener_errors_become_shard_open_errors(monkeypatch):
-    monkeypatch.setattr(openers_module, "_OPENERS", dict(openers_module._OPENERS))
+    monkeypatch.setattr(openers_module, "_BACKENDS", dict(openers_module._BACKENDS))
 
     def refuse(url: str):
         raise PermissionError(13, "denied")

@@ -24,12 +24,13 @@ from typing import BinaryIO
 
 from ..errors import ShardOpenError, ShardReadError, WdsError, shard_error
 from ..limits import Limits, get_limits
+from ..storage.backend import Backend
 from .http_stream import HttpStream
 
 # opener(url) -> stream, or opener(url, start=n) -> stream positioned at byte n.
 Opener = Callable[..., BinaryIO]
 
-_OPENERS: dict[str, Opener] = {}
+_BACKENDS: dict[str, Backend] = {}
 
 # What stands between the openers and the readers: layer(url, start, limits, open_source) -> stream,
 # where open_source(url, start, limits) opens through the registry. The shard cache installs
@@ -101,14 +102,23 @@ def url_scheme(url: str) -> str:
 def register_opener(scheme: str, opener: Opener) -> None:
     """Open URLs of ``scheme`` with ``opener(url) -> binary stream``; replaces any earlier one.
 
-    An opener that also takes a keyword ``start`` (``opener(url, start=n)``) returns the
-    stream from byte ``n`` (a seek, or an HTTP Range request): readers that start in the
-    middle of a shard (resumed epochs, with a shard index) then skip nothing. Openers
-    without it still work: the bytes before ``n`` are read and dropped. An opener that
-    takes a keyword ``limits`` gets the pipe's :class:`~wds_datapipes.limits.Limits`
-    (timeouts, retries).
+    The shorthand of :func:`register_backend` for a scheme that only opens. An opener that
+    also takes a keyword ``start`` (``opener(url, start=n)``) returns the stream from byte
+    ``n`` (a seek, or an HTTP Range request): readers that start in the middle of a shard
+    (resumed epochs, with a shard index) then skip nothing. Openers without it still work:
+    the bytes before ``n`` are read and dropped. An opener that takes a keyword ``limits``
+    gets the pipe's :class:`~wds_datapipes.limits.Limits` (timeouts, retries). An opener's
+    ``source_stamp(url, limits)`` attribute, where it has one, is the back end's ``stamp``.
     """
-    _OPENERS[scheme.lower()] = opener
+    scheme = scheme.lower()
+    register_backend(Backend(scheme, opener, stamp=getattr(opener, "source_stamp", None)), replace=True)
+
+
+def register_backend(backend: Backend, *, replace: bool = False) -> None:
+    """Register ``backend`` for its scheme; a scheme already taken raises unless ``replace``."""
+    if not replace and backend.scheme in _BACKENDS and _BACKENDS[backend.scheme] != backend:
+        raise ValueError(f"the scheme {backend.scheme!r} has a back end already (replace=True replaces it)")
+    _BACKENDS[backend.scheme] = backend
 
 
 def set_stream_layer(layer: StreamLayer | None) -> StreamLayer | None:
@@ -118,20 +128,32 @@ def set_stream_layer(layer: StreamLayer | None) -> StreamLayer | None:
     return previous
 
 
-def opener_for(url: str) -> Opener:
-    """The opener registered for ``url``'s scheme (an entry point's, loaded when first asked for)."""
+def backend_for(url: str) -> Backend:
+    """The back end registered for ``url``'s scheme (an entry point's, loaded when first asked for:
+    the group ``wds_datapipes.backends`` holds records, ``wds_datapipes.openers`` bare openers)."""
     scheme = url_scheme(url)
-    opener = _OPENERS.get(scheme)
-    if opener is None:
-        for ep in entry_points(group="wds_datapipes.openers"):
-            if ep.name == scheme:
-                register_opener(scheme, ep.load())
-                opener = _OPENERS[scheme]
-                break
-    if opener is None:
-        known = ", ".join(sorted(_OPENERS))
+    backend = _BACKENDS.get(scheme)
+    if backend is None:
+        backend = _load_entry_point(scheme)
+    if backend is None:
+        known = ", ".join(sorted(_BACKENDS))
         raise ShardOpenError(url, f"no opener for scheme {scheme!r} (known: {known})")
-    return opener
+    return backend
+
+
+def _load_entry_point(scheme: str) -> Backend | None:
+    for ep in entry_points(group="wds_datapipes.backends", name=scheme):
+        register_backend(ep.load())
+        return _BACKENDS.get(scheme)
+    for ep in entry_points(group="wds_datapipes.openers", name=scheme):
+        register_opener(scheme, ep.load())
+        return _BACKENDS[scheme]
+    return None
+
+
+def opener_for(url: str) -> Opener:
+    """The opener registered for ``url``'s scheme (its back end's ``open``)."""
+    return backend_for(url).open
 
 
 def open_shard(url: str, start: int = 0, limits: Limits | None = None) -> BinaryIO:
@@ -224,13 +246,10 @@ def stream_stamp(stream: BinaryIO, url: str) -> tuple[int | None, str | None]:
 def source_stamp(url: str, limits: Limits) -> tuple[int | None, str | None] | None:
     """(size, version) of the object at ``url`` as its source says now; None where it cannot tell.
 
-    An opener tells by a ``source_stamp(url, limits)`` attribute (``aisio`` has one); HTTP (a
-    HEAD request) and local files (a stat) are known here. The shard cache asks it whether
-    its copy is current."""
+    The back end's ``stamp`` tells (``aisio`` has one); HTTP (a HEAD request) and local files
+    (a stat) are known here. The shard cache asks it whether its copy is current."""
     scheme = url_scheme(url)
-    opener = opener_for(url)
-    ask = getattr(opener, "source_stamp", None) or {"http": _http_stamp, "https": _http_stamp,
-                                                    "file": _file_stamp}.get(scheme)
+    ask = backend_for(url).stamp or {"http": _http_stamp, "https": _http_stamp, "file": _file_stamp}.get(scheme)
     return ask(url, limits) if ask is not None else None
 
 
