@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from ..handlers import ignore_and_continue, reraise_exception
 from ..topology import launcher_rank_world
+from .compress import compression_of
 from .progress import join_index
 from .sources import folder_samples, imagefolder_samples, manifest_samples, shard_samples
 from .writer import write_shards
@@ -49,6 +50,9 @@ def add_create_command(commands) -> None:
     create.add_argument("--world", type=int, help="how many machines write (default: torchrun's or SLURM's)")
     create.add_argument("--join", action="store_true", help="only join the ranks' finished records into the index")
     create.add_argument("--restart", action="store_true", help="ignore an interrupted run's progress")
+    create.add_argument("--compress", choices=("gzip", "bzip2", "xz", "zstd"),
+                        help="compress the shards (default: as the output's suffix says: .tar.gz, .tar.zst, ...)")
+    create.add_argument("--max-field-bytes", type=_size, help="a field (file) bigger than this is a bad input")
     create.add_argument("--no-fsync", action="store_true", help="do not sync shards to disk before renaming")
     create.add_argument("--quiet", action="store_true", help="no progress bar")
     create.set_defaults(run=run_create)
@@ -66,7 +70,11 @@ def _layout(args: argparse.Namespace) -> str:
     first = args.sources[0]
     if first.endswith((".jsonl", ".json", ".csv")):
         return "manifest"
-    if not os.path.isdir(first) or any(name.endswith((".tar", ".tgz", ".tar.gz")) for name in os.listdir(first)):
+    if first.endswith((".parquet", ".parq")) or (os.path.isdir(first) and any(
+            name.endswith((".parquet", ".parq")) for name in os.listdir(first))):
+        return "parquet"
+    if not os.path.isdir(first) or any(name.endswith(".tar") or compression_of(name)
+                                       for name in os.listdir(first)):
         return "shards"
     entries = [e for e in os.scandir(first) if not e.name.startswith(".")]
     if entries and all(e.is_dir() for e in entries) and args.fields is None and args.extensions is None:
@@ -106,7 +114,8 @@ def run_create(args: argparse.Namespace) -> int:
             _samples(args, layout), args.output, maxcount=args.maxcount, maxsize=args.maxsize, index=index,
             workers=args.workers, handler=ignore_and_continue if args.skip_bad else reraise_exception,
             require=[n for n in args.require.split(",") if n], rank=rank, world=world, restart=args.restart,
-            fsync=not args.no_fsync, progress=bar.advance)
+            fsync=not args.no_fsync, progress=bar.advance, compression=args.compress,
+            max_field_bytes=args.max_field_bytes)
     print(f"{layout} {' '.join(args.sources)} -> {args.output} (rank {rank} of {world})", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
     if report.index is not None:

@@ -35,6 +35,7 @@ class WriterSettings:
     mode: int = 0o444
     allow_pickle: bool = False
     map_name: str | None = None  # the map function's qualified name, where there is one
+    compression: str | None = None  # of the shards (gzip, bzip2, xz, zstd), None for plain tars
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world:
