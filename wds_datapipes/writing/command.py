@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from ..handlers import ignore_and_continue, reraise_exception
 from ..topology import launcher_rank_world
 from .compress import compression_of
+from .parquet import parquet_rows, parquet_samples
 from .progress import join_index
 from .sources import folder_samples, imagefolder_samples, manifest_samples, shard_samples
 from .writer import write_shards
 
-LAYOUTS = ("auto", "folder", "imagefolder", "manifest", "shards")
+LAYOUTS = ("auto", "folder", "imagefolder", "manifest", "parquet", "shards")
 
 
 def add_create_command(commands) -> None:
@@ -44,6 +45,10 @@ def add_create_command(commands) -> None:
     create.add_argument("--extensions", help="only files with these suffixes (comma-separated), folder layout")
     create.add_argument("--require", default="", help="fields every sample must have (comma-separated)")
     create.add_argument("--keys", help="shards layout: only keys matching this glob")
+    create.add_argument("--columns", help="parquet layout: the columns to write, each NAME or NAME:FIELD "
+                        "(e.g. jpg,caption:txt,image:png; default: all)")
+    create.add_argument("--key-column", help="parquet layout: the key column (default: key or __key__, "
+                        "else <file>/<row>)")
     create.add_argument("--skip-bad", action="store_true", help="skip bad inputs (listed at the end) "
                         "instead of stopping at the first")
     create.add_argument("--rank", type=int, help="this machine's rank (default: torchrun's or SLURM's)")
@@ -84,19 +89,25 @@ def _layout(args: argparse.Namespace) -> str:
     return "folder"
 
 
-def _samples(args: argparse.Namespace, layout: str) -> Iterator[dict]:
+def _samples(args: argparse.Namespace, layout: str) -> tuple[Iterator[dict], int | None]:
+    """The input's samples, and how many there will be where that is cheap to know (for the ETA)."""
+    if layout == "parquet":
+        columns = None if args.columns is None else [c for c in args.columns.split(",") if c]
+        return parquet_samples(args.sources, columns=columns, key=args.key_column), parquet_rows(args.sources)
     if layout == "shards":
-        return shard_samples(args.sources, keys=args.keys)
+        return shard_samples(args.sources, keys=args.keys), None
     if len(args.sources) != 1:
         raise ValueError(f"the {layout} layout reads one SOURCE, not {len(args.sources)}")
     source = args.sources[0]
     if layout == "manifest":
-        return manifest_samples(source)
+        return manifest_samples(source), None
     if layout == "imagefolder":
-        return imagefolder_samples(source)
+        listed = list(imagefolder_samples(source))  # file names and sizes only: the bytes are read later
+        return iter(listed), len(listed)
     names = [n for n in args.field_names.split(",") if n]
     extensions = None if args.extensions is None else args.extensions.split(",")
-    return folder_samples(source, extensions=extensions, fields_file=args.fields, field_names=names)
+    listed = list(folder_samples(source, extensions=extensions, fields_file=args.fields, field_names=names))
+    return iter(listed), len(listed)
 
 
 def run_create(args: argparse.Namespace) -> int:
@@ -109,9 +120,10 @@ def run_create(args: argparse.Namespace) -> int:
         print(f"{index}: {len(joined)} shards, {joined.total} samples", file=sys.stderr)
         return 0
     layout = _layout(args)
-    with _Bar(args.quiet) as bar:
+    samples, total = _samples(args, layout)
+    with _Bar(args.quiet, total, world) as bar:
         report = write_shards(
-            _samples(args, layout), args.output, maxcount=args.maxcount, maxsize=args.maxsize, index=index,
+            samples, args.output, maxcount=args.maxcount, maxsize=args.maxsize, index=index,
             workers=args.workers, handler=ignore_and_continue if args.skip_bad else reraise_exception,
             require=[n for n in args.require.split(",") if n], rank=rank, world=world, restart=args.restart,
             fsync=not args.no_fsync, progress=bar.advance, compression=args.compress,
@@ -127,16 +139,18 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 class _Bar:
-    """A tqdm bar of samples (with samples/s and MB/s) on stderr, where tqdm is installed."""
+    """A tqdm bar of samples on stderr, where tqdm is installed: samples/s, MB/s, and the ETA
+    where the input's size is known (``total`` samples: folders, Parquet footers)."""
 
-    def __init__(self, quiet: bool):
+    def __init__(self, quiet: bool, total: int | None = None, world: int = 1):
         self.bar = None
         self.bytes = 0
         if not quiet:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(unit="sample", file=sys.stderr, delay=1.0, leave=False, smoothing=0.1)
+                share = None if total is None else -(-total // world)  # a rank's part, about
+                self.bar = tqdm(unit="sample", file=sys.stderr, delay=1.0, leave=False, smoothing=0.1, total=share)
             except ImportError:
                 pass
 

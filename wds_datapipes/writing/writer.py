@@ -53,10 +53,11 @@ class WriteReport:
 
     def summary(self) -> str:
         """A few lines for people: counts, rate, and every skipped input with its reason."""
-        rate = self.written / self.seconds if self.seconds else 0.0
+        seconds = self.seconds or float("inf")
         lines = [(f"read {self.read} samples: wrote {self.written}, skipped {len(self.skipped)}; "
-                  f"{self.shards} shards ({self.resumed} from an earlier run), {self.bytes / 1e6:.1f} MB, "
-                  f"{rate:.0f} samples/s")]
+                  f"{self.shards} shards ({self.resumed} from an earlier run), {self.bytes / 1e6:.1f} MB "
+                  f"in {self.seconds:.1f} s, {self.written / seconds:.0f} samples/s, "
+                  f"{self.bytes / seconds / 1e6:.1f} MB/s")]
         lines += [f"  skipped {source}: {why}" for source, why in self.skipped]
         return "\n".join(lines)
 
@@ -222,6 +223,8 @@ def _dispatch(shard: int, samples: list[dict | None], settings: WriterSettings, 
         report.shards += 1
         report.resumed += 1
         report.bytes += entry["scan"]["filesize"]
+        if progress is not None:
+            progress(entry["planned"], entry["scan"]["filesize"] or 0)
         return
     for result in pool.submit(shard, settings.pattern % shard, samples, plan):
         _record(log, report, result, pool.plans.pop(result.shard), progress)
