@@ -72,7 +72,7 @@ def _conversion(out: Path, kind: str | None = None, nth: int = 1, kill_after: fl
             report = write_shards(make_samples(N, seed=9), str(out / "s-%04d.tar"), maxcount=MAXCOUNT, workers=2,
                                   map=slow, fsync=False)
             code = 0 if (report.read, report.written) == (N, N) else 3
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - shown, then the exit code says it failed
             traceback.print_exc()
         finally:
             os._exit(code)
