@@ -14,10 +14,12 @@ import sys
 from collections.abc import Iterator
 
 from ..handlers import ignore_and_continue, reraise_exception
+from ..shards.listing import expand_url_spec, resolve_local
 from ..topology import launcher_rank_world
 from .compress import compression_of
 from .parquet import parquet_rows, parquet_samples
 from .progress import join_index
+from .reshuffle import shuffled
 from .sources import folder_samples, imagefolder_samples, manifest_samples, shard_samples
 from .writer import write_shards
 
@@ -45,6 +47,13 @@ def add_create_command(commands) -> None:
     create.add_argument("--extensions", help="only files with these suffixes (comma-separated), folder layout")
     create.add_argument("--require", default="", help="fields every sample must have (comma-separated)")
     create.add_argument("--keys", help="shards layout: only keys matching this glob")
+    create.add_argument("--where", action="append", default=[], metavar="TEST",
+                        help="shards layout: only samples with field NAME, or NAME=VALUE, NAME!=VALUE (repeatable)")
+    create.add_argument("--select", help="shards layout: only these fields (comma-separated)")
+    create.add_argument("--shuffle-seed", type=int, help="shuffle the whole input with this seed (a local dSort: "
+                        "two passes through temporary files beside the output)")
+    create.add_argument("--shuffle-memory", type=_size, default=1 << 30,
+                        help="the most input bytes one shuffle bucket holds in memory (default 1G)")
     create.add_argument("--columns", help="parquet layout: the columns to write, each NAME or NAME:FIELD "
                         "(e.g. jpg,caption:txt,image:png; default: all)")
     create.add_argument("--key-column", help="parquet layout: the key column (default: key or __key__, "
@@ -95,7 +104,8 @@ def _samples(args: argparse.Namespace, layout: str) -> tuple[Iterator[dict], int
         columns = None if args.columns is None else [c for c in args.columns.split(",") if c]
         return parquet_samples(args.sources, columns=columns, key=args.key_column), parquet_rows(args.sources)
     if layout == "shards":
-        return shard_samples(args.sources, keys=args.keys), None
+        select = None if args.select is None else [f.strip().lower() for f in args.select.split(",") if f.strip()]
+        return shard_samples(args.sources, keys=args.keys, where=args.where, select=select), None
     if len(args.sources) != 1:
         raise ValueError(f"the {layout} layout reads one SOURCE, not {len(args.sources)}")
     source = args.sources[0]
@@ -110,6 +120,18 @@ def _samples(args: argparse.Namespace, layout: str) -> tuple[Iterator[dict], int
     return iter(listed), len(listed)
 
 
+def _input_bytes(args: argparse.Namespace, layout: str) -> int:
+    """The input's size on disk (what a shuffle's buckets hold, about; compressed shards grow when read)."""
+    if layout == "shards":
+        urls = [u for spec in args.sources for e in expand_url_spec(spec) for u in resolve_local(e)]
+        return sum(os.path.getsize(u) * (1 if u.endswith(".tar") else 4) for u in urls if os.path.exists(u))
+    total = 0
+    for source in args.sources:
+        for folder, _, names in os.walk(source) if os.path.isdir(source) else [("", [], [source])]:
+            total += sum(os.path.getsize(os.path.join(folder, n)) for n in names)
+    return total
+
+
 def run_create(args: argparse.Namespace) -> int:
     found = launcher_rank_world() or (0, 1)
     rank = args.rank if args.rank is not None else found[0]
@@ -121,6 +143,9 @@ def run_create(args: argparse.Namespace) -> int:
         return 0
     layout = _layout(args)
     samples, total = _samples(args, layout)
+    if args.shuffle_seed is not None:
+        buckets = max(1, -(-_input_bytes(args, layout) // args.shuffle_memory))
+        samples = shuffled(samples, args.shuffle_seed, buckets, workdir=os.path.dirname(args.output) or ".")
     with _Bar(args.quiet, total, world) as bar:
         report = write_shards(
             samples, args.output, maxcount=args.maxcount, maxsize=args.maxsize, index=index,
