@@ -49,7 +49,7 @@ def _arm(kind: str, nth: int) -> None:
     elif kind == "mid_record":
         def append(self, entry):
             count[0] += 1
-            if count[0] == nth + 1:  # (the first append of a fresh run is no shard's)
+            if count[0] == nth + 1:  # the (nth + 1)th line this run appends (a shard's, or the end line)
                 line = progress_module.json.dumps(entry) + "\n"
                 self._out.write(line[: len(line) // 2])  # half a line on disk, then the node is gone
                 self._out.flush()

@@ -112,12 +112,15 @@ def test_parquet_through_the_command_with_workers_is_deterministic_and_verified(
     assert main(["verify", str(tmp_path / "b/index.json")]) == 0
 
 
-def test_a_missing_pyarrow_raises_an_import_error_naming_the_extra(tmp_path, monkeypatch):
+def test_a_missing_pyarrow_raises_an_import_error_naming_the_extra(tmp_path, monkeypatch, capsys):
     """oracle: the documented message (pip install 'wds-datapipes[parquet]')."""
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(ImportError, match=r"wds-datapipes\[parquet\]"):
         next(parquet_samples([str(tmp_path / "x.parquet")]))
+    (tmp_path / "x.parquet").write_bytes(b"PAR1")
+    assert main(["create", str(tmp_path / "x.parquet"), "-o", str(tmp_path / "o/s-%02d.tar"), "--quiet"]) == 1
+    assert "pip install 'wds-datapipes[parquet]'" in capsys.readouterr().err
 
 
 def test_an_unknown_column_is_named_in_the_error(tmp_path):
