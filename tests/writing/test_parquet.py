@@ -50,7 +50,8 @@ def test_img2dataset_parquet_becomes_shards_equal_to_pyarrows_own_read(tmp_path)
 
 
 def test_only_the_used_columns_are_read_one_row_group_at_a_time(tmp_path, monkeypatch):
-    """oracle: a spy on pyarrow's ParquetFile: row groups read one by one, projected; no whole-file read."""
+    """oracle: a spy on pyarrow's ParquetFile: row groups read in order, projected, at most one read
+    ahead; no whole-file read."""
     _img2dataset_like(tmp_path / "a.parquet", 50, seed=3, row_group_size=10)
     calls = []
     original = pq.ParquetFile.read_row_group
@@ -69,7 +70,7 @@ def test_only_the_used_columns_are_read_one_row_group_at_a_time(tmp_path, monkey
     samples = parquet_samples([str(tmp_path / "a.parquet")], columns=["txt"])
     first = next(samples)
     assert first == {"__key__": "003000000", "__source__": f"{tmp_path / 'a.parquet'}:0", "txt": "a caption 0 é"}
-    assert calls == [(0, ("key", "txt"))]  # streaming: the first sample came from the first row group alone
+    assert calls[0] == (0, ("key", "txt")) and len(calls) <= 2  # streaming: at most the next group read ahead
     assert len(list(samples)) == 49
     assert calls == [(i, ("key", "txt")) for i in range(5)]
 

@@ -1,6 +1,7 @@
 """Parquet files as samples: img2dataset's and Hugging Face's outputs, read with pyarrow (the ``[parquet]`` extra).
 
-Each file is read one row group at a time, and only the columns used (the key column and
+Each file is read one row group at a time (the next one read by a thread while this one's
+rows are written: at most two in memory), and only the columns used (the key column and
 the fields asked for): a file is never in memory whole, and its other columns are never
 read. A row becomes a sample: its key from the key column (``key`` or ``__key__`` by
 default; else ``<file stem>/<row number>``), one field per column:
@@ -21,11 +22,13 @@ process that writes its shard, never to every worker.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
+from ..threads import ordered_map, worker_threads
 from .shard_file import PROBLEMS, FileBytes
 
 PARQUET_SUFFIXES = (".parquet", ".parq")
@@ -89,13 +92,15 @@ def parquet_samples(specs: Iterable[str], *, columns: Sequence[str] | None = Non
             base = os.path.dirname(os.path.abspath(path))
             stem = os.path.basename(path).split(".")[0]
             row = 0
-            for group in range(reader.num_row_groups):
-                table = reader.read_row_group(group, columns=read)
-                for batch in table.to_batches(_BATCH):
-                    for values in batch.to_pylist():
-                        yield _sample(values, key_column, fields, f"{path}:{row}", stem, row, base)
-                        row += 1
-                del table
+            with worker_threads(1, "wds-parquet") as pool:  # the next row group is read while this one is written
+                for _, future in ordered_map(functools.partial(reader.read_row_group, columns=read),
+                                             range(reader.num_row_groups), pool, window=2):
+                    table = future.result()
+                    for batch in table.to_batches(_BATCH):
+                        for values in batch.to_pylist():
+                            yield _sample(values, key_column, fields, f"{path}:{row}", stem, row, base)
+                            row += 1
+                    del table, future
         finally:
             reader.close()
 
