@@ -140,3 +140,17 @@ def test_the_progress_bar_shows_samples_per_second_bytes_per_second_and_an_eta(m
         bar.advance(10, 5_000_000)
         shown = str(bar.bar)
     assert "10/50" in shown and "sample/s" in shown and "MB/s" in shown and "<" in shown
+
+
+def test_a_dotted_basename_in_a_folder_is_reported_not_silently_left_out(tmp_path, capsys):
+    """oracle: the planted file name, split as the readers split it (split_key), in the report."""
+    make_pets(tmp_path / "pets", n=4)
+    (tmp_path / "pets/images/photo.v2.jpg").write_bytes(b"dotted")
+    common = [str(tmp_path / "pets"), "-o", str(tmp_path / "out/p-%02d.tar"), "--extensions", "jpg,png",
+              "--quiet", "--no-fsync"]
+    assert main(["create", *common]) == 1
+    assert "photo.v2.jpg" in capsys.readouterr().err
+    assert main(["create", *common, "--skip-bad", "--restart"]) == 0
+    err = capsys.readouterr().err
+    assert "read 5 samples: wrote 4, skipped 1" in err
+    assert "into the key 'photo' and the field 'v2.jpg'" in err

@@ -66,7 +66,14 @@ def folder_samples(root: str, *, extensions: Iterable[str] | None = None, fields
         if skip is not None and os.path.abspath(entry.path) == skip:
             continue
         key, dot, suffix = entry.name.partition(".")
-        if not dot or (wanted is not None and suffix.lower() not in wanted):
+        if not dot:
+            continue
+        if wanted is not None and suffix.lower() not in wanted:
+            stem, _, extension = entry.name.rpartition(".")
+            if extension.lower() in wanted:  # a dot in the basename (photo.v2.jpg): not silently left out
+                why = (f"a dot in its basename: readers would split {entry.name!r} into the key {key!r} and the "
+                       f"field {suffix.lower()!r}, not the key {stem!r} and the field {extension.lower()!r}")
+                groups.setdefault(stem, {"__key__": stem, "__source__": os.path.join(root, relative), PROBLEMS: [why]})
             continue
         sample = groups.setdefault(key, {"__key__": key, "__source__": os.path.join(root, relative)})
         if suffix.lower() in sample:
