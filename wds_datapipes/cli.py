@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (WdsError, OSError, ValueError) as exn:
+    except (WdsError, OSError, ValueError, ImportError) as exn:  # ImportError: an extra not installed
         print(f"error: {exn}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
