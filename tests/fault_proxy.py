@@ -123,7 +123,9 @@ class FaultProxy:
     ``upstream`` is ``http://HOST:PORT`` (a path in it is ignored: clients send full paths).
     ``seed`` fixes where bodies are cut and stalled. ``on_cut(path)`` runs after a body is
     cut or stalled and its upstream connection closed, before the client sees the cut.
-    ``cut_at(request, body_length)`` overrides where a body stops (bytes after the head).
+    ``cut_at(request, body_length)`` overrides where a body stops (bytes after the head; None
+    or a point past the end: not at all, the fault becomes ``ok``). It is asked only once the
+    answer is known to have a body to cut (a 200/206 to a GET).
     ``translate`` (an object with ``request(method, target, headers, body)``, answering the
     request to send instead or None to leave it, and ``answer(status, headers, body)``) lets
     the proxy stand in for an API the server lacks (``object_servers.GcsXmlPut``).
@@ -132,7 +134,7 @@ class FaultProxy:
     def __init__(self, upstream: str, schedule: Schedule = no_faults, *, seed: int = 0,
                  stall_s: float = 5.0, retry_after: int = 0, drop_range: bool = False,
                  on_cut: Callable[[str], None] | None = None,
-                 cut_at: Callable[[Request, int | None], int] | None = None, translate=None):
+                 cut_at: Callable[[Request, int | None], int | None] | None = None, translate=None):
         parts = urlsplit(upstream)
         self.upstream_host = parts.hostname or "127.0.0.1"
         self.upstream_port = parts.port or 80
@@ -140,7 +142,7 @@ class FaultProxy:
         self.stall_s, self.retry_after, self.drop_range = stall_s, retry_after, drop_range
         self.on_cut, self.cut_at, self.translate = on_cut, cut_at, translate
         self.injected: collections.Counter[str] = collections.Counter()
-        self.log: list[Exchange] = []
+        self.exchanges: list[Exchange] = []
         self.queries: list[str] = []  # the query string of each entry of log
         self._numbers: collections.Counter[tuple[str, str]] = collections.Counter()
         self._random = random.Random(seed)
@@ -161,6 +163,11 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
+
+    @property
+    def log(self) -> list[Exchange]:
+        """What became of each request, in the order they ended."""
+        return self.exchanges
 
     @property
     def faults(self) -> int:
@@ -223,7 +230,7 @@ class FaultProxy:
             pass
         finally:
             with self._lock:
-                self.log.append(record)
+                self.exchanges.append(record)
                 self.queries.append(query)
             if fault != "reset":  # a FIN after what was sent; a reset closes with linger 0 (an RST)
                 try:
@@ -274,6 +281,9 @@ class FaultProxy:
             limit = None
             if fault != "ok":
                 limit = self._cut_point(request, length)
+                if limit is None or (length is not None and limit >= length):
+                    fault = record.fault = "ok"  # the schedule's cut_at chose to leave it whole
+                    limit = None
             out = [status_line]
             if fault == "cut-unsized":
                 out = ["HTTP/1.0 " + status_line.split(" ", 1)[1]]
@@ -292,7 +302,9 @@ class FaultProxy:
                     break
                 client.sendall(chunk)
                 record.sent += len(chunk)
-            if limit is not None:
+            if limit is not None and record.sent < limit:
+                fault = record.fault = "ok"  # the body ended before the cut (chunked, shorter than it said)
+            elif limit is not None:
                 self._count(fault)
                 _reset(upstream, up_reader)  # the server stops sending at once (a GET may hold the object)
                 if self.on_cut is not None:
@@ -321,7 +333,7 @@ class FaultProxy:
                f"Content-Length: {len(content)}", "Connection: close"]
         client.sendall(("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + content)
 
-    def _cut_point(self, request: Request, length: int | None) -> int:
+    def _cut_point(self, request: Request, length: int | None) -> int | None:
         if self.cut_at is not None:
             return self.cut_at(request, length)
         with self._lock:

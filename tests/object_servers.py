@@ -136,10 +136,12 @@ class ObjectServer:
     log_tail: Callable[[], str] = field(repr=False, default=lambda: "")
     origin: str = ""  # the server's own base URL (endpoint is a proxy's after through())
     pid: int | None = None  # the server's process (and process group), where the fixture started one
+    created: list[str] = field(default_factory=list)  # the buckets new_bucket made (shared with through()'s)
 
     def new_bucket(self, prefix: str = "test") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
         self._create(self.endpoint, name)
+        self.created.append(name)
         return name
 
     def put(self, bucket: str, key: str, data: bytes) -> None:

@@ -22,7 +22,14 @@ import urllib.request
 
 import pytest
 from fault_proxy import FaultProxy, Schedule, no_faults
-from object_servers import ObjectServer, ServerUnavailable, ais_s3, start_azurite, start_fake_gcs
+from object_servers import (
+    ObjectServer,
+    ServerUnavailable,
+    ais_s3,
+    delete_s3_bucket,
+    start_azurite,
+    start_fake_gcs,
+)
 
 from aisio.client import ENDPOINT_ENV
 from aisio.cluster import ClusterError, cluster_endpoint
@@ -75,12 +82,16 @@ def ais_endpoint():
 
 
 @pytest.fixture(scope="session")
-def s3_server(ais_endpoint) -> ObjectServer:
+def s3_server(ais_endpoint):
     """The AIStore cluster's S3 API (``<ais_endpoint>/s3``, path style, any key accepted), with
     the cluster's S3-Reverse-Proxy feature turned on: the proxy node relays object bytes
     itself instead of answering 307 redirects to a target, which unpatched clients (boto3,
-    obstore's PUT) do not follow. The feature stays on (it changes nothing for ``ais://``)."""
-    return ais_s3(ais_endpoint)
+    obstore's PUT) do not follow. The feature stays on (it changes nothing for ``ais://``).
+    The buckets made with ``new_bucket()`` are destroyed at the end of the session."""
+    server = ais_s3(ais_endpoint)
+    yield server
+    for bucket in server.created:
+        delete_s3_bucket(ais_endpoint, bucket)
 
 
 @contextlib.contextmanager
