@@ -187,6 +187,8 @@ def _http(method: str, url: str, data: bytes | None = None, headers: dict[str, s
     except urllib.error.HTTPError as exn:
         if exn.code in ok:
             return exn.read()
+        if exn.code in (307, 308) and exn.headers.get("Location"):  # urllib follows no PUT; AIStore redirects it
+            return _http(method, urllib.parse.urljoin(url, exn.headers["Location"]), data, headers, ok)
         raise ServerError(f"{method} {url}: {exn.code} {exn.read()[:300]!r}") from None
 
 
