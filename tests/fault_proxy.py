@@ -30,7 +30,11 @@ Range header, the number of earlier requests of that method and path), one of :d
   ``Content-Length`` (its end is the close): only the bytes can tell.
 
 Body faults (``stall``, ``cut``, ``cut-unsized``) fall back to ``ok`` on answers without a
-body to cut (not a 200/206 to a GET): ``injected`` counts only faults that happened.
+body to cut (not a 200/206 to a GET), and ``cut`` / ``stall`` also where the client leaves
+before the cut point: ``injected`` counts only faults a client met (``cut-unsized`` is met
+at the head, which lacks ``Content-Length``), and is counted before the client can see the
+fault; ``log`` is complete once the proxy has stopped (``with`` exits after the
+connections being served end).
 :func:`random_faults` makes a seeded schedule; :func:`first_faults` fails the first
 requests of each path. ``injected`` (a Counter by fault) and ``log`` (one
 :class:`Exchange` per request) let a test assert what the clients lived through.
@@ -148,11 +152,20 @@ class FaultProxy:
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self._closing = threading.Event()
+        self._idle = threading.Condition()
+        self._active = 0  # connections being served
         proxy = self
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self) -> None:
-                proxy._serve(self.request)
+                with proxy._idle:
+                    proxy._active += 1
+                try:
+                    proxy._serve(self.request)
+                finally:
+                    with proxy._idle:
+                        proxy._active -= 1
+                        proxy._idle.notify_all()
 
         class Server(socketserver.ThreadingTCPServer):
             allow_reuse_address = True
@@ -182,6 +195,8 @@ class FaultProxy:
     def __exit__(self, *exc) -> None:
         self._closing.set()  # ends stalls at once
         self._server.shutdown()
+        with self._idle:  # the connections being served end (their entries in log with them)
+            self._idle.wait_for(lambda: self._active == 0, timeout=30)
         self._server.server_close()
 
     # -- one client connection = one request
@@ -296,16 +311,25 @@ class FaultProxy:
                 out.append(f"{name}: {value}")
             out.append("Connection: close")
             client.sendall(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
-            while limit is None or record.sent < limit:
-                chunk = up_reader.read1(65536 if limit is None else min(65536, limit - record.sent))
-                if not chunk:
-                    break
-                client.sendall(chunk)
-                record.sent += len(chunk)
+            if fault == "cut-unsized":
+                self._count(fault)  # the client meets it at the head: no Content-Length
+            try:
+                while limit is None or record.sent < limit:
+                    chunk = up_reader.read1(65536 if limit is None else min(65536, limit - record.sent))
+                    if not chunk:
+                        break
+                    client.sendall(chunk)
+                    record.sent += len(chunk)
+            except OSError:
+                if fault in ("cut", "stall"):
+                    record.fault = "ok"  # the client left before the cut: it never met it
+                raise
             if limit is not None and record.sent < limit:
-                fault = record.fault = "ok"  # the body ended before the cut (chunked, shorter than it said)
+                if fault != "cut-unsized":
+                    fault = record.fault = "ok"  # the body ended before the cut (chunked, shorter than it said)
             elif limit is not None:
-                self._count(fault)
+                if fault != "cut-unsized":
+                    self._count(fault)
                 _reset(upstream, up_reader)  # the server stops sending at once (a GET may hold the object)
                 if self.on_cut is not None:
                     self.on_cut(request.path)
