@@ -143,3 +143,19 @@ def test_the_servers_cache_folder_is_aisnode_s(monkeypatch, tmp_path):
     assert object_servers.cache_dir() == cache_dir()
     monkeypatch.setenv("WDS_DATAPIPES_CACHE", str(tmp_path))
     assert object_servers.cache_dir() == cache_dir() == tmp_path
+
+
+def test_obstore_reads_every_byte_through_seeded_resets_503s_and_cut_bodies(object_server, fault_proxy, monkeypatch):
+    """obstore retries and resumes on its own: 20 reads through a proxy failing half the GETs
+    each get the exact bytes, and the proxy's count matches the faults in its log."""
+    from fault_proxy import random_faults
+
+    server, proxy = fault_proxy(object_server, random_faults(5, 0.5, ("reset", "503", "cut")), seed=5)
+    bucket = server.new_bucket()
+    data = random.Random(5).randbytes(200_000)
+    server.put(bucket, "obj.bin", data)
+    store = _store(server, bucket, monkeypatch)
+    for _ in range(20):
+        assert obstore.get(store, "obj.bin").bytes() == data
+    assert proxy.faults >= 5
+    assert proxy.faults == sum(e.fault != "ok" for e in proxy.log)
