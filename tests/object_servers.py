@@ -242,6 +242,24 @@ class _Process:
             raise ServerError(f"{self.name}: processes {left} of its group outlived it")
 
 
+def _launch(name: str, workdir: Path, timeout: float, probe_path: str,
+            argv_for: Callable[[int], list[str]]) -> tuple[_Process, str]:
+    """Starts a server on a free port and waits until ``GET <it><probe_path>`` answers; a port
+    taken between choosing and binding it is tried again with another (twice)."""
+    for attempt in range(3):
+        port = _free_port()
+        endpoint = f"http://127.0.0.1:{port}"
+        server = _Process(name, argv_for(port), workdir)
+        try:
+            server.wait_ready(lambda: _answers(endpoint + probe_path), timeout)  # noqa: B023 (used at once)
+            return server, endpoint
+        except ServerError as exn:
+            server.stop()
+            if attempt == 2 or not any(w in str(exn).lower() for w in ("in use", "eaddrinuse")):
+                raise
+    raise AssertionError("unreachable")
+
+
 def group_members(group: int) -> list[int]:
     """The live (not zombie) processes of process group ``group``, read from /proc."""
     found = []
@@ -292,16 +310,14 @@ def start_fake_gcs(timeout: float = START_TIMEOUT_S) -> Iterator[ObjectServer]:
 
     binary = fake_gcs_binary()
     with tempfile.TemporaryDirectory(prefix="fake-gcs-") as tmp:
-        port = _free_port()
         (Path(tmp) / "data").mkdir()
-        endpoint = f"http://127.0.0.1:{port}"
-        argv = [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-data",
-                str(Path(tmp) / "data"), "-public-host", "127.0.0.1", "-log-level", "warn"]
         # -public-host without a port: path-style requests (GET/DELETE /BUCKET/KEY) are taken
         # from any port of 127.0.0.1, a fault proxy's included (else the Host names a bucket).
-        server = _Process("fake-gcs-server", argv, Path(tmp))
+        server, endpoint = _launch(
+            "fake-gcs-server", Path(tmp), timeout, "/storage/v1/b",
+            lambda port: [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-data",
+                          str(Path(tmp) / "data"), "-public-host", "127.0.0.1", "-log-level", "warn"])
         try:
-            server.wait_ready(lambda: _answers(f"{endpoint}/storage/v1/b"), timeout)
             account = Path(tmp) / "service-account.json"
             account.write_text(json.dumps({"disable_oauth": True, "client_email": "", "private_key": "",
                                            "private_key_id": ""}))
@@ -367,14 +383,12 @@ def start_azurite(timeout: float = START_TIMEOUT_S) -> Iterator[ObjectServer]:
     if node is None:
         raise ServerUnavailable("Node is not on PATH: Azurite cannot run")
     with tempfile.TemporaryDirectory(prefix="azurite-") as tmp:
-        port = _free_port()
-        endpoint = f"http://127.0.0.1:{port}"
-        argv = [node, str(script), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
-                str(Path(tmp) / "data"), "--skipApiVersionCheck", "--silent", "--disableProductStyleUrl",
-                "--disableTelemetry"]
-        server = _Process("azurite-blob", argv, Path(tmp))
+        server, endpoint = _launch(
+            "azurite-blob", Path(tmp), timeout, f"/{AZURE_ACCOUNT}?comp=list",
+            lambda port: [node, str(script), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
+                          str(Path(tmp) / "data"), "--skipApiVersionCheck", "--silent", "--disableProductStyleUrl",
+                          "--disableTelemetry"])
         try:
-            server.wait_ready(lambda: _answers(f"{endpoint}/{AZURE_ACCOUNT}?comp=list"), timeout)
             yield ObjectServer("az", endpoint, azure_env(endpoint), _az_create, _az_put, server.log_tail, endpoint,
                                server.proc.pid)
         finally:
