@@ -159,3 +159,16 @@ def test_obstore_reads_every_byte_through_seeded_resets_503s_and_cut_bodies(obje
         assert obstore.get(store, "obj.bin").bytes() == data
     assert proxy.faults >= 5
     assert proxy.faults == sum(e.fault != "ok" for e in proxy.log)
+
+
+@pytest.mark.parametrize("in_ci", [False, True], ids=["here", "ci"])
+def test_a_server_that_cannot_exist_here_skips_with_the_reason_but_fails_in_ci(in_ci, monkeypatch, tmp_path):
+    import server_fixtures
+
+    monkeypatch.setenv("WDS_DATAPIPES_CACHE", str(tmp_path))  # nothing installed
+    monkeypatch.setattr("shutil.which", lambda name: None)  # and no Node, npm nor Go to install with
+    monkeypatch.setattr(server_fixtures, "IN_CI", in_ci)
+    for start, missing in ((start_azurite, "Node"), (start_fake_gcs, "Go")):
+        expected = pytest.fail.Exception if in_ci else pytest.skip.Exception
+        with pytest.raises(expected, match=f"{missing}.* not on PATH"), server_fixtures._started(start):
+            pass
