@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from ..handlers import ignore_and_continue, reraise_exception
 from ..topology import launcher_rank_world
-from .progress import join_index
+from .destination import join_any
 from .sources import folder_samples, imagefolder_samples, manifest_samples, shard_samples
 from .writer import write_shards
 
@@ -50,6 +50,9 @@ def add_create_command(commands) -> None:
     create.add_argument("--join", action="store_true", help="only join the ranks' finished records into the index")
     create.add_argument("--restart", action="store_true", help="ignore an interrupted run's progress")
     create.add_argument("--no-fsync", action="store_true", help="do not sync shards to disk before renaming")
+    create.add_argument("--spool", help="where shards for ais:// (s3://, ...) are built before their upload "
+                        "(default: the temp folder)")
+    create.add_argument("--uploads", type=int, default=2, help="uploads at once to a remote -o (default 2)")
     create.add_argument("--quiet", action="store_true", help="no progress bar")
     create.set_defaults(run=run_create)
 
@@ -97,7 +100,7 @@ def run_create(args: argparse.Namespace) -> int:
     world = args.world if args.world is not None else found[1]
     index = args.index or os.path.join(os.path.dirname(args.output) or ".", "index.json")
     if args.join:
-        joined = join_index(index, world)
+        joined = join_any(index, world, args.spool)
         print(f"{index}: {len(joined)} shards, {joined.total} samples", file=sys.stderr)
         return 0
     layout = _layout(args)
@@ -106,7 +109,7 @@ def run_create(args: argparse.Namespace) -> int:
             _samples(args, layout), args.output, maxcount=args.maxcount, maxsize=args.maxsize, index=index,
             workers=args.workers, handler=ignore_and_continue if args.skip_bad else reraise_exception,
             require=[n for n in args.require.split(",") if n], rank=rank, world=world, restart=args.restart,
-            fsync=not args.no_fsync, progress=bar.advance)
+            fsync=not args.no_fsync, progress=bar.advance, spool=args.spool, uploads=args.uploads)
     print(f"{layout} {' '.join(args.sources)} -> {args.output} (rank {rank} of {world})", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
     if report.index is not None:

@@ -36,7 +36,7 @@ from ..epochs.index import ShardIndex, ShardScan
 from ..epochs.places import ShardPlaces
 from ..errors import ShardOpenError, ShardWriteError, WdsError
 from ..shards.openers import backend_for, open_source, url_scheme
-from .progress import ProgressLog, WriterSettings, object_still_there, progress_path
+from .progress import ProgressLog, WriterSettings, join_index, object_still_there, progress_path
 from .shard_file import ShardResult
 
 Put = Callable[..., "str | None"]
@@ -251,6 +251,17 @@ def join_remote_index(index: str, world: int, files: RemoteFiles, known: dict[in
     return result
 
 
+def join_any(index: str, world: int, spool: str | None = None) -> ShardIndex:
+    """The index of a finished run, joined from its ranks' records (local or at the destination)."""
+    if not is_remote(index):
+        return join_index(index, world)
+    folder = spool_folder(spool)
+    try:
+        return join_remote_index(index, world, RemoteFiles(folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def open_bytes(path: str) -> bytes:
     with open(path, "rb") as stream:
         return stream.read()
@@ -310,5 +321,6 @@ def spool_folder(spool: str | None) -> str:
     return tempfile.mkdtemp(prefix="wds-spool-", dir=spool)
 
 
-__all__ = ["RemoteFiles", "RemoteProgress", "Uploads", "find_put", "is_remote", "join_remote_index", "put_whole",
+__all__ = ["RemoteFiles", "RemoteProgress", "Uploads", "find_put", "is_remote", "join_any", "join_remote_index",
+           "put_whole",
            "spool_folder"]
