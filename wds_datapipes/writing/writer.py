@@ -29,7 +29,7 @@ import numpy as np
 from ..epochs.index import ShardIndex
 from ..errors import ShardWriteError
 from ..handlers import Handler, reraise_exception
-from .destination import RemoteFiles, RemoteProgress, Uploads, is_remote, join_remote_index, spool_folder
+from . import destination as dest
 from .plan import assign_shards, sample_cost, writes_shard
 from .progress import ProgressLog, WriterSettings, join_index, progress_path
 from .shard_file import PROBLEMS, FileBytes, MemberOptions, ShardResult, check_fields, write_shard
@@ -107,20 +107,23 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
     index = index or os.path.join(os.path.dirname(pattern) or ".", "index.json")
     settings = WriterSettings(pattern, maxcount, maxsize, rank, world, mtime, mode, allow_pickle,
                               None if map is None else f"{map.__module__}.{map.__qualname__}")
-    remote = is_remote(pattern)
-    folder = spool_folder(spool) if remote or is_remote(index) else None
-    files = RemoteFiles(folder, tries) if folder is not None else None
+    remote = dest.is_remote(pattern)
+    for location in (pattern, index):
+        if dest.is_remote(location):
+            dest.find_put(location)  # a scheme that cannot store objects fails here, before anything is written
+    folder = dest.spool_folder(spool) if remote or dest.is_remote(index) else None
+    files = dest.RemoteFiles(folder, tries) if folder is not None else None
     try:
         if not remote:
             os.makedirs(os.path.dirname(pattern) or ".", exist_ok=True)
-        if files is not None and is_remote(index):
-            log = RemoteProgress(index, rank, world, settings, files, restart)
+        if files is not None and dest.is_remote(index):
+            log = dest.RemoteProgress(index, rank, world, settings, files, restart)
         else:
             log = ProgressLog(progress_path(index, rank, world), settings, restart)
         options = MemberOptions(mtime, mode, allow_pickle, fsync and not remote)
         local = os.path.join(folder, posixpath.basename(pattern)) if remote else pattern
         report = WriteReport()
-        publish = Uploads(pattern, uploads, tries) if remote else None
+        publish = dest.Uploads(pattern, uploads, tries) if remote else None
         try:
             with _Shards(workers, options, handler, map, local, publish) as pool:
                 total = _run(samples, settings, require, handler, log, pool, report, progress)
@@ -132,7 +135,7 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
             if publish is not None:
                 publish.close()
         if join if join is not None else world == 1:
-            report.index = (join_remote_index(index, world, files, log.done) if isinstance(log, RemoteProgress)
+            report.index = (dest.join_remote_index(index, world, files, log.done) if isinstance(log, dest.RemoteProgress)
                             else join_index(index, world))
     finally:
         if folder is not None:
@@ -270,7 +273,7 @@ class _Shards:
     handed back once stored."""
 
     def __init__(self, workers: int, options: MemberOptions, handler: Handler, map_fn, pattern: str,
-                 publish: Uploads | None = None):
+                 publish: dest.Uploads | None = None):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, not {workers}")
         self.workers, self.options, self.handler, self.map_fn = workers, options, handler, map_fn
