@@ -17,7 +17,7 @@ from wds_datapipes.errors import ShardWriteError
 from wds_datapipes.shards import openers
 from wds_datapipes.storage.backend import Backend
 from wds_datapipes.writing import write_shards
-from wds_datapipes.writing.destination import find_put
+from wds_datapipes.writing.destination import find_put, join_any
 
 
 class MemoryStore:
@@ -142,3 +142,20 @@ def test_a_scheme_without_a_put_is_a_clear_error(tmp_path, monkeypatch):
         find_put("readonly://b/s-0000.tar")
     with pytest.raises(ShardWriteError, match="no back end can store it"):
         write_shards(make_samples(3), "nosuchscheme://b/s-%04d.tar", spool=str(tmp_path))
+
+
+def test_two_ranks_write_to_the_store_and_one_join_makes_the_index_of_a_one_rank_run(store, tmp_path):
+    """Oracle: the index of the same input written by one rank (its shard list and offsets)."""
+    samples = make_samples(40, seed=8)
+    for rank in (0, 1):
+        report = write_shards(samples, "memtest://two/s-%04d.tar", maxcount=6, rank=rank, world=2)
+        assert report.index is None and report.shards == (4 if rank == 0 else 3)
+    with pytest.raises(ShardWriteError, match="rank 0 of 3 has not started"):
+        join_any("memtest://two/index.json", 3, str(tmp_path))
+    joined = join_any("memtest://two/index.json", 2, str(tmp_path))
+    write_shards(samples, "memtest://one/s-%04d.tar", maxcount=6)
+    one = ShardIndex.load("memtest://one/index.json")
+    again = ShardIndex.load("memtest://two/index.json")
+    assert [s.nsamples for s in joined.shards] == [s.nsamples for s in one.shards] == [s.nsamples for s in again.shards]
+    assert (again.offsets_array() == one.offsets_array()).all()
+    assert [again.url(n).replace("two", "one") for n in range(len(again))] == [one.url(n) for n in range(len(one))]
