@@ -129,3 +129,10 @@ def test_an_upload_that_keeps_failing_stops_the_run_naming_the_shard_and_leaves_
     names = set(objects(bucket))
     assert "s-0001.tar" not in names and "index.json" not in names
     assert not list(spool.iterdir())  # the spool is cleaned up on failure too
+
+
+def test_a_missing_bucket_stops_the_run_at_once_naming_it(ais_endpoint, tmp_path):
+    started = time.monotonic()
+    with pytest.raises(ShardWriteError, match=r"failed: .*bucket ais://no-such-bucket-wr does not exist"):
+        write_shards(make_samples(5), "ais://no-such-bucket-wr/s-%04d.tar", maxcount=2, spool=str(tmp_path))
+    assert time.monotonic() - started < 20 and not list(tmp_path.iterdir())  # not tried again and again

@@ -95,6 +95,8 @@ def put_whole(path: str, url: str, *, tries: int = 3, wait_s: float = 0.5, limit
             return version if version != url else None
         except Exception as exn:  # noqa: BLE001 (any failure of one try: tried again, then reported)
             problem = f"{type(exn).__name__}: {getattr(exn, 'reason', None) or exn}"
+            if is_missing(exn):  # a missing bucket does not come back by itself
+                raise ShardWriteError(f"uploading {path!r} failed: {problem}", shard=url) from None
         if attempt < tries:
             time.sleep(wait_s * 2 ** (attempt - 1))
     raise ShardWriteError(f"uploading {path!r} failed {tries} times; the last: {problem}", shard=url)
