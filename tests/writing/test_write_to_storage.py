@@ -159,3 +159,17 @@ def test_two_ranks_write_to_the_store_and_one_join_makes_the_index_of_a_one_rank
     assert [s.nsamples for s in joined.shards] == [s.nsamples for s in one.shards] == [s.nsamples for s in again.shards]
     assert (again.offsets_array() == one.offsets_array()).all()
     assert [again.url(n).replace("two", "one") for n in range(len(again))] == [one.url(n) for n in range(len(one))]
+
+
+def test_shards_in_a_store_with_the_index_and_progress_kept_locally_resume_and_read_back(store, tmp_path):
+    """Oracle: the local run's shard bytes; the second run finds every shard in the store as recorded."""
+    samples = make_samples(30, seed=12)
+    index = str(tmp_path / "state/index.json")
+    write_shards(samples, "memtest://m/s-%04d.tar", maxcount=7, index=index, spool=str(tmp_path / "spool"))
+    assert _shards(store) == _local(tmp_path, samples, maxcount=7)
+    del store.objects["memtest://m/s-0002.tar"]
+    store.puts.clear()
+    again = write_shards(samples, "memtest://m/s-%04d.tar", maxcount=7, index=index)
+    assert again.resumed == 4 and store.puts == ["s-0002.tar"]
+    keys = [s["__key__"] for s in ExactEpochs(index, batch_size=1, shuffle=False, rank=0, world_size=1)]
+    assert keys == [s["__key__"] for s in samples]
