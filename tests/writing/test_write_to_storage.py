@@ -116,11 +116,13 @@ def test_a_run_stopped_half_way_resumes_from_the_records_at_the_destination(stor
     with pytest.raises(ShardWriteError, match="s-0004"):
         write_shards(samples, "memtest://b/s-%04d.tar", maxcount=6, tries=1, spool=str(tmp_path / "one"))
     recorded = {f"s-{int(url[-14:-5]):04d}.tar" for url in store.objects if url[-14:-5].isdigit()}
+    first = list(store.puts)
     del store.fail["s-0004.tar"]
     del store.objects["memtest://b/s-0001.tar"]  # a shard lost since it was recorded: written again
     store.puts.clear()
     report = write_shards(samples, "memtest://b/s-%04d.tar", maxcount=6, spool=str(tmp_path / "two"))
     rewritten = [name for name in store.puts if name.startswith("s-")]
+    assert recorded == {name for name in first if name.startswith("s-")}  # every shard stored was recorded
     assert "s-0001.tar" in recorded and "s-0004.tar" not in recorded
     assert "s-0001.tar" in rewritten and not (recorded - {"s-0001.tar"}) & set(rewritten)  # only what is missing
     assert report.resumed == len(recorded) - 1 and (report.read, report.written) == (60, 60)

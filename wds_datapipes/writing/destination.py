@@ -279,6 +279,7 @@ class Uploads:
         self.pattern, self.limit, self.tries = pattern, uploads, tries
         self.pool = ThreadPoolExecutor(uploads, thread_name_prefix="wds-upload")
         self.pending: dict[Future, tuple[int, str, str]] = {}
+        self.stored: list[tuple[ShardResult, tuple[int, str, str]]] = []  # finished beside a failure
 
     def add(self, result: ShardResult, plan: tuple[int, str, str]) -> list[tuple[ShardResult, tuple[int, str, str]]]:
         """Starts one shard's upload; returns those finished meanwhile (waits while ``uploads`` are under way)."""
@@ -296,7 +297,27 @@ class Uploads:
 
     def _wait(self) -> list[tuple[ShardResult, tuple[int, str, str]]]:
         done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
-        return [(future.result(), self.pending.pop(future)) for future in done]
+        finished, failure = [], None
+        for future in done:
+            plan = self.pending.pop(future)
+            if future.exception() is None:
+                finished.append((future.result(), plan))
+            else:
+                failure = failure or future.exception()
+        if failure is not None:
+            self.stored += finished
+            raise failure
+        return finished
+
+    def salvage(self) -> list[tuple[ShardResult, tuple[int, str, str]]]:
+        """After a failure: the shards stored all the same (those in flight finish first), to record."""
+        wait(self.pending)
+        stored, self.stored = self.stored, []
+        for future, plan in self.pending.items():
+            if not future.cancelled() and future.exception() is None:
+                stored.append((future.result(), plan))
+        self.pending.clear()
+        return stored
 
     def _upload(self, result: ShardResult) -> ShardResult:
         local = str(result.scan.url)

@@ -12,6 +12,7 @@ taken in the same pass (:mod:`.shard_file`), and recorded in the progress log
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -126,9 +127,15 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
         publish = dest.Uploads(pattern, uploads, tries) if remote else None
         try:
             with _Shards(workers, options, handler, map, local, publish) as pool:
-                total = _run(samples, settings, require, handler, log, pool, report, progress)
-                for result, plan in pool.drain():
-                    _record(log, report, result, plan, progress)
+                try:
+                    total = _run(samples, settings, require, handler, log, pool, report, progress)
+                    for result, plan in pool.drain():
+                        _record(log, report, result, plan, progress)
+                except BaseException:
+                    for result, plan in publish.salvage() if publish is not None else ():
+                        with contextlib.suppress(Exception):  # kept for the resume; the first error is raised
+                            log.record(result.shard, *plan, result.written, result.skipped, result.scan)
+                    raise
             log.end(total)
         finally:
             log.close()
