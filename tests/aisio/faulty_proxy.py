@@ -33,7 +33,7 @@ _HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "host"}
 class FaultyRelay:
     def __init__(self, upstream: str, cut_after: int, cuts: int = 1, object_filter: str = "/v1/objects/",
                  drop_range: bool = False, on_cut=None, busy: dict[str, int] | None = None,
-                 stall_s: float = 0.0, cut_puts: int = 0, put_filter: str = "/v1/objects/"):
+                 stall_s: float = 0.0):
         parts = urlsplit(upstream)
         self.upstream_host = parts.hostname or "127.0.0.1"
         self.upstream_port = parts.port or 80
@@ -44,8 +44,6 @@ class FaultyRelay:
         self.on_cut = on_cut  # called with the object path after a body is cut, before the client sees it
         self.busy = dict(busy or {})  # path prefix -> 503 answers still to give
         self.stall_s = stall_s
-        self.cut_puts = cut_puts  # PUTs to a target (paths starting with put_filter) cut half-way through the body
-        self.put_filter = put_filter
         self._closing = threading.Event()
         self.log: list[tuple[str, str, str | None, int, int]] = []
         self.queries: list[str] = []
@@ -108,14 +106,6 @@ class FaultyRelay:
         upstream = socket.create_connection((self.upstream_host, port), timeout=30)
         head = [f"{method} {target} {version}", f"Host: {self.upstream_host}:{port}", "Connection: close"]
         head += [f"{n}: {v}" for n, v in headers]
-        if self._cuts_put(method, match, target):  # the target gets half the body, then both sides a reset
-            upstream.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body[: len(body) // 2])
-            with self._lock:
-                self.log.append((method, target.partition("?")[0], range_header, 0, len(body) // 2))
-                self.queries.append(target.partition("?")[2])
-            _reset(upstream, upstream.makefile("rb"))
-            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            return
         upstream.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
 
         up_reader = upstream.makefile("rb")
@@ -174,15 +164,6 @@ class FaultyRelay:
                 client.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-
-    def _cuts_put(self, method: str, to_target, target: str) -> bool:
-        if method != "PUT" or not to_target or not target.startswith(self.put_filter):
-            return False
-        with self._lock:
-            if self.cut_puts <= 0:
-                return False
-            self.cut_puts -= 1
-            return True
 
     def _answer_busy(self, client: socket.socket, method: str, target: str, range_header: str | None) -> bool:
         path, _, query = target.partition("?")

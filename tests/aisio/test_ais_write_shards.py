@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faulty_proxy import FaultyRelay
+from upload_cutter import UploadCutter
 
 from aisio.client import ENDPOINT_ENV, get_client
 from tests.writing.conftest import make_samples
@@ -105,10 +105,10 @@ def test_uploads_cut_half_way_are_tried_again_and_leave_no_partial_object(ais_en
                                                                             monkeypatch):
     """Oracle: the same run written locally."""
     samples = make_samples(40, seed=6)
-    with FaultyRelay(ais_endpoint, cut_after=0, cuts=0, cut_puts=4, put_filter=f"/v1/objects/{bucket}/s-") as relay:
+    with UploadCutter(ais_endpoint, cuts=4, prefix=f"/v1/objects/{bucket}/s-") as relay:
         monkeypatch.setenv(ENDPOINT_ENV, relay.url)
         report = write_shards(samples, f"ais://{bucket}/s-%04d.tar", maxcount=10, tries=3)
-    assert relay.cut_puts == 0 and sum(entry[3] == 0 for entry in relay.log) == 4  # four uploads were cut
+    assert relay.cuts == 0 and len(relay.cut) == 4  # four uploads were cut half-way
     assert report.written == 40
     monkeypatch.setenv(ENDPOINT_ENV, ais_endpoint)
     stored = objects(bucket)
@@ -120,8 +120,7 @@ def test_an_upload_that_keeps_failing_stops_the_run_naming_the_shard_and_leaves_
         ais_endpoint, bucket, tmp_path, monkeypatch):
     samples = make_samples(20, seed=7)
     spool = tmp_path / "spool"
-    with FaultyRelay(ais_endpoint, cut_after=0, cuts=0, cut_puts=10_000,
-                     put_filter=f"/v1/objects/{bucket}/s-0001") as relay:
+    with UploadCutter(ais_endpoint, cuts=10_000, prefix=f"/v1/objects/{bucket}/s-0001") as relay:
         monkeypatch.setenv(ENDPOINT_ENV, relay.url)
         with pytest.raises(ShardWriteError, match=rf"ais://{bucket}/s-0001.tar.*failed 2 times"):
             write_shards(samples, f"ais://{bucket}/s-%04d.tar", maxcount=10, tries=2, spool=str(spool))
