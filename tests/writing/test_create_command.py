@@ -111,3 +111,46 @@ def test_ranks_from_the_slurm_environment_write_disjoint_shards_then_join(tmp_pa
     assert ([p.read_bytes() for p in sorted((tmp_path / "one").glob("*.tar"))] ==
             [p.read_bytes() for p in sorted((tmp_path / "two").glob("*.tar"))])
     _verify(tmp_path / "two/index.json")
+
+
+def test_a_file_over_the_limit_stops_the_command_or_is_listed_as_skipped(tmp_path, capsys):
+    """oracle: the planted big file's name and size in the error and in the report; read = written + skipped."""
+    make_pets(tmp_path / "pets", n=6)
+    (tmp_path / "pets/images/huge_1.jpg").write_bytes(bytes(20_000))
+    common = [str(tmp_path / "pets"), "-o", str(tmp_path / "out/p-%02d.tar"), "--extensions", "jpg",
+              "--max-field-bytes", "10k", "--quiet", "--no-fsync"]
+    assert main(["create", *common]) == 1
+    assert "huge_1" in capsys.readouterr().err
+    assert main(["create", *common, "--skip-bad", "--restart"]) == 0
+    err = capsys.readouterr().err
+    assert "read 7 samples: wrote 6, skipped 1" in err
+    assert "skipped " + str(tmp_path / "pets/images/huge_1.jpg") in err and "20000 bytes, over the limit of 10000" in err
+    assert [s["__key__"] for s in _read(tmp_path / "out")] == sorted(
+        p.stem for p in (tmp_path / "pets/images").glob("*.jpg") if p.stem != "huge_1")
+
+
+def test_the_progress_bar_shows_samples_per_second_bytes_per_second_and_an_eta(monkeypatch):
+    """oracle: tqdm's own rendering of the bar (its remaining-time field needs the total)."""
+    import io
+
+    from wds_datapipes.writing.command import _Bar
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    with _Bar(quiet=False, total=100, world=2) as bar:
+        bar.advance(10, 5_000_000)
+        shown = str(bar.bar)
+    assert "10/50" in shown and "sample/s" in shown and "MB/s" in shown and "<" in shown
+
+
+def test_a_dotted_basename_in_a_folder_is_reported_not_silently_left_out(tmp_path, capsys):
+    """oracle: the planted file name, split as the readers split it (split_key), in the report."""
+    make_pets(tmp_path / "pets", n=4)
+    (tmp_path / "pets/images/photo.v2.jpg").write_bytes(b"dotted")
+    common = [str(tmp_path / "pets"), "-o", str(tmp_path / "out/p-%02d.tar"), "--extensions", "jpg,png",
+              "--quiet", "--no-fsync"]
+    assert main(["create", *common]) == 1
+    assert "photo.v2.jpg" in capsys.readouterr().err
+    assert main(["create", *common, "--skip-bad", "--restart"]) == 0
+    err = capsys.readouterr().err
+    assert "read 5 samples: wrote 4, skipped 1" in err
+    assert "into the key 'photo' and the field 'v2.jpg'" in err

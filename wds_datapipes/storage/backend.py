@@ -5,11 +5,14 @@ library the same four things, each optional except ``open``:
 
 - ``open(url, start=0, limits=None)`` -> a binary stream from byte ``start``. Streams of
   remote objects carry ``size`` and ``version`` attributes (ETag, generation, ...), which
-  the cache and the index stamp them with.
+  the cache and the index stamp them with: subclass
+  :class:`~wds_datapipes.storage.resuming.ResumingStream` for them (resume, retry, identity).
 - ``stamp(url, limits)`` -> ``(size, version)`` of the object as its source says now, or
   None where it cannot tell (the cache revalidates by it; ``index --places`` records it).
 - ``list(spec, limits)`` -> the URLs a spec names (a glob, a prefix), lazily, page by page,
-  so the first shard can open before a large listing ends. None: the spec is one URL.
+  so the first shard can open before a large listing ends. ``ShardLister`` and the CLI ask
+  it for every URL after brace expansion (``shards.openers.list_urls``): a URL that names
+  one object comes back as it is, without a request. None: every URL is one object.
 - ``put(path, url, limits)`` -> the version written: a local file uploaded so that the
   object appears whole under ``url`` or not at all.
 

@@ -14,12 +14,16 @@ import sys
 from collections.abc import Iterator
 
 from ..handlers import ignore_and_continue, reraise_exception
+from ..shards.listing import expand_url_spec, resolve_local
 from ..topology import launcher_rank_world
-from .destination import join_any
+from .compress import compression_of
+from .destination import is_remote, join_any
+from .parquet import parquet_rows, parquet_samples
+from .reshuffle import shuffled
 from .sources import folder_samples, imagefolder_samples, manifest_samples, shard_samples
 from .writer import write_shards
 
-LAYOUTS = ("auto", "folder", "imagefolder", "manifest", "shards")
+LAYOUTS = ("auto", "folder", "imagefolder", "manifest", "parquet", "shards")
 
 
 def add_create_command(commands) -> None:
@@ -43,12 +47,26 @@ def add_create_command(commands) -> None:
     create.add_argument("--extensions", help="only files with these suffixes (comma-separated), folder layout")
     create.add_argument("--require", default="", help="fields every sample must have (comma-separated)")
     create.add_argument("--keys", help="shards layout: only keys matching this glob")
+    create.add_argument("--where", action="append", default=[], metavar="TEST",
+                        help="shards layout: only samples with field NAME, or NAME=VALUE, NAME!=VALUE (repeatable)")
+    create.add_argument("--select", help="shards layout: only these fields (comma-separated)")
+    create.add_argument("--shuffle-seed", type=int, help="shuffle the whole input with this seed (a local dSort: "
+                        "two passes through temporary files beside the output)")
+    create.add_argument("--shuffle-memory", type=_size, default=1 << 30,
+                        help="the most input bytes one shuffle bucket holds in memory (default 1G)")
+    create.add_argument("--columns", help="parquet layout: the columns to write, each NAME or NAME:FIELD "
+                        "(e.g. jpg,caption:txt,image:png; default: all)")
+    create.add_argument("--key-column", help="parquet layout: the key column (default: key or __key__, "
+                        "else <file>/<row>)")
     create.add_argument("--skip-bad", action="store_true", help="skip bad inputs (listed at the end) "
                         "instead of stopping at the first")
     create.add_argument("--rank", type=int, help="this machine's rank (default: torchrun's or SLURM's)")
     create.add_argument("--world", type=int, help="how many machines write (default: torchrun's or SLURM's)")
     create.add_argument("--join", action="store_true", help="only join the ranks' finished records into the index")
     create.add_argument("--restart", action="store_true", help="ignore an interrupted run's progress")
+    create.add_argument("--compress", choices=("gzip", "bzip2", "xz", "zstd"),
+                        help="compress the shards (default: as the output's suffix says: .tar.gz, .tar.zst, ...)")
+    create.add_argument("--max-field-bytes", type=_size, help="a field (file) bigger than this is a bad input")
     create.add_argument("--no-fsync", action="store_true", help="do not sync shards to disk before renaming")
     create.add_argument("--spool", help="where shards for ais:// (s3://, ...) are built before their upload "
                         "(default: the temp folder)")
@@ -69,7 +87,11 @@ def _layout(args: argparse.Namespace) -> str:
     first = args.sources[0]
     if first.endswith((".jsonl", ".json", ".csv")):
         return "manifest"
-    if not os.path.isdir(first) or any(name.endswith((".tar", ".tgz", ".tar.gz")) for name in os.listdir(first)):
+    if first.endswith((".parquet", ".parq")) or (os.path.isdir(first) and any(
+            name.endswith((".parquet", ".parq")) for name in os.listdir(first))):
+        return "parquet"
+    if not os.path.isdir(first) or any(name.endswith(".tar") or compression_of(name)
+                                       for name in os.listdir(first)):
         return "shards"
     entries = [e for e in os.scandir(first) if not e.name.startswith(".")]
     if entries and all(e.is_dir() for e in entries) and args.fields is None and args.extensions is None:
@@ -79,19 +101,38 @@ def _layout(args: argparse.Namespace) -> str:
     return "folder"
 
 
-def _samples(args: argparse.Namespace, layout: str) -> Iterator[dict]:
+def _samples(args: argparse.Namespace, layout: str) -> tuple[Iterator[dict], int | None]:
+    """The input's samples, and how many there will be where that is cheap to know (for the ETA)."""
+    if layout == "parquet":
+        columns = None if args.columns is None else [c for c in args.columns.split(",") if c]
+        return parquet_samples(args.sources, columns=columns, key=args.key_column), parquet_rows(args.sources)
     if layout == "shards":
-        return shard_samples(args.sources, keys=args.keys)
+        select = None if args.select is None else [f.strip().lower() for f in args.select.split(",") if f.strip()]
+        return shard_samples(args.sources, keys=args.keys, where=args.where, select=select), None
     if len(args.sources) != 1:
         raise ValueError(f"the {layout} layout reads one SOURCE, not {len(args.sources)}")
     source = args.sources[0]
     if layout == "manifest":
-        return manifest_samples(source)
+        return manifest_samples(source), None
     if layout == "imagefolder":
-        return imagefolder_samples(source)
+        listed = list(imagefolder_samples(source))  # file names and sizes only: the bytes are read later
+        return iter(listed), len(listed)
     names = [n for n in args.field_names.split(",") if n]
     extensions = None if args.extensions is None else args.extensions.split(",")
-    return folder_samples(source, extensions=extensions, fields_file=args.fields, field_names=names)
+    listed = list(folder_samples(source, extensions=extensions, fields_file=args.fields, field_names=names))
+    return iter(listed), len(listed)
+
+
+def _input_bytes(args: argparse.Namespace, layout: str) -> int:
+    """The input's size on disk (what a shuffle's buckets hold, about; compressed shards grow when read)."""
+    if layout == "shards":
+        urls = [u for spec in args.sources for e in expand_url_spec(spec) for u in resolve_local(e)]
+        return sum(os.path.getsize(u) * (1 if u.endswith(".tar") else 4) for u in urls if os.path.exists(u))
+    total = 0
+    for source in args.sources:
+        for folder, _, names in os.walk(source) if os.path.isdir(source) else [("", [], [source])]:
+            total += sum(os.path.getsize(os.path.join(folder, n)) for n in names)
+    return total
 
 
 def run_create(args: argparse.Namespace) -> int:
@@ -104,12 +145,18 @@ def run_create(args: argparse.Namespace) -> int:
         print(f"{index}: {len(joined)} shards, {joined.total} samples", file=sys.stderr)
         return 0
     layout = _layout(args)
-    with _Bar(args.quiet) as bar:
+    samples, total = _samples(args, layout)
+    if args.shuffle_seed is not None:
+        buckets = max(1, -(-_input_bytes(args, layout) // args.shuffle_memory))
+        samples = shuffled(samples, args.shuffle_seed, buckets,
+                           workdir=args.spool if is_remote(args.output) else os.path.dirname(args.output) or ".")
+    with _Bar(args.quiet, total, world) as bar:
         report = write_shards(
-            _samples(args, layout), args.output, maxcount=args.maxcount, maxsize=args.maxsize, index=index,
+            samples, args.output, maxcount=args.maxcount, maxsize=args.maxsize, index=index,
             workers=args.workers, handler=ignore_and_continue if args.skip_bad else reraise_exception,
             require=[n for n in args.require.split(",") if n], rank=rank, world=world, restart=args.restart,
-            fsync=not args.no_fsync, progress=bar.advance, spool=args.spool, uploads=args.uploads)
+            fsync=not args.no_fsync, progress=bar.advance, compression=args.compress,
+            max_field_bytes=args.max_field_bytes, spool=args.spool, uploads=args.uploads)
     print(f"{layout} {' '.join(args.sources)} -> {args.output} (rank {rank} of {world})", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
     if report.index is not None:
@@ -121,16 +168,18 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 class _Bar:
-    """A tqdm bar of samples (with samples/s and MB/s) on stderr, where tqdm is installed."""
+    """A tqdm bar of samples on stderr, where tqdm is installed: samples/s, MB/s, and the ETA
+    where the input's size is known (``total`` samples: folders, Parquet footers)."""
 
-    def __init__(self, quiet: bool):
+    def __init__(self, quiet: bool, total: int | None = None, world: int = 1):
         self.bar = None
         self.bytes = 0
         if not quiet:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(unit="sample", file=sys.stderr, delay=1.0, leave=False, smoothing=0.1)
+                share = None if total is None else -(-total // world)  # a rank's part, about
+                self.bar = tqdm(unit="sample", file=sys.stderr, delay=1.0, leave=False, smoothing=0.1, total=share)
             except ImportError:
                 pass
 

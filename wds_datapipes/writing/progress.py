@@ -36,6 +36,7 @@ class WriterSettings:
     mode: int = 0o444
     allow_pickle: bool = False
     map_name: str | None = None  # the map function's qualified name, where there is one
+    compression: str | None = None  # of the shards (gzip, bzip2, xz, zstd), None for plain tars
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world:
@@ -80,6 +81,12 @@ class ProgressLog:
             changed = {k: (v, getattr(settings, k)) for k, v in asdict(earlier).items() if getattr(settings, k) != v}
             raise ShardWriteError(f"an earlier run with other settings left {path!r} ({changed}, earlier -> now); "
                                   "run with the same settings to resume, or restart=True (--restart) to start over")
+        with open(path, "rb") as raw:
+            whole = raw.read()
+        if whole.count(b"\n") != len(lines) or not whole.endswith(b"\n"):
+            # a line cut by the interruption: keep the whole lines before it, so that what
+            # this run appends is read again (after a cut line nothing would be)
+            _write_atomically(path, "".join(json.dumps(entry) + "\n" for entry in lines).encode())
         for entry in lines[1:]:
             if "shard" in entry:
                 if _still_there(entry):

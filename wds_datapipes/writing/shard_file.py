@@ -29,6 +29,7 @@ from ..errors import ShardWriteError
 from ..handlers import Handler, reraise_exception
 from ..shards.grouping import split_key
 from ..tar.build import END, member_header, padding
+from .compress import compress_file
 
 _FLUSH_AT = 1 << 20
 PROBLEMS = "__problems__"  # an input reader's reasons why a sample cannot be written
@@ -85,6 +86,7 @@ class MemberOptions:
     mode: int = 0o444
     allow_pickle: bool = False
     fsync: bool = True
+    compression: str | None = None  # gzip, bzip2, xz, zstd (:mod:`.compress`), or a plain tar
 
 
 @dataclass
@@ -227,7 +229,10 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
                 handler(error)
                 skipped.append((source, error.reason or str(error)))
         out.write(END)
-        out.close(options.fsync)
+        out.close(options.fsync and options.compression is None)
+        if options.compression is not None:
+            compress_file(part, part + ".z", options.compression, options.fsync)
+            os.replace(part + ".z", part)
     except BaseException:
         if out.fd >= 0:
             try:
@@ -235,11 +240,15 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
             except OSError:
                 pass
         _remove(part)
+        _remove(part + ".z")
         raise
     stamp = stat_stamp(os.stat(part))
     os.replace(part, path)  # the atomic publish: a reader sees the whole shard or none
-    scan = ShardScan(path, len(starts), stamp[0], np.asarray(starts, dtype=np.int64),
-                     places=places_of_members(path, members, stamp))
+    if options.compression is not None:  # no offsets nor places: a compressed stream is read from its start
+        scan = ShardScan(path, len(starts), stamp[0], None)
+    else:
+        scan = ShardScan(path, len(starts), stamp[0], np.asarray(starts, dtype=np.int64),
+                         places=places_of_members(path, members, stamp))
     return ShardResult(shard, scan, len(starts), skipped)
 
 

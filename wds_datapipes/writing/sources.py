@@ -66,7 +66,14 @@ def folder_samples(root: str, *, extensions: Iterable[str] | None = None, fields
         if skip is not None and os.path.abspath(entry.path) == skip:
             continue
         key, dot, suffix = entry.name.partition(".")
-        if not dot or (wanted is not None and suffix.lower() not in wanted):
+        if not dot:
+            continue
+        if wanted is not None and suffix.lower() not in wanted:
+            stem, _, extension = entry.name.rpartition(".")
+            if extension.lower() in wanted:  # a dot in the basename (photo.v2.jpg): not silently left out
+                why = (f"a dot in its basename: readers would split {entry.name!r} into the key {key!r} and the "
+                       f"field {suffix.lower()!r}, not the key {stem!r} and the field {extension.lower()!r}")
+                groups.setdefault(stem, {"__key__": stem, "__source__": os.path.join(root, relative), PROBLEMS: [why]})
             continue
         sample = groups.setdefault(key, {"__key__": key, "__source__": os.path.join(root, relative)})
         if suffix.lower() in sample:
@@ -141,9 +148,14 @@ def _jsonl(path: str) -> Iterator[tuple[str, object]]:
                     yield f"{path}:{number}", f"bad JSON ({exn})"
 
 
-def shard_samples(specs: Iterable[str], keys: str | None = None) -> Iterator[dict]:
-    """The samples of existing shards (URL specs: braces, globs, folders), in shard order,
-    their fields as bytes; ``keys``: only keys matching this glob."""
+def shard_samples(specs: Iterable[str], keys: str | None = None, where: Sequence[str] = (),
+                  select: Sequence[str] | None = None) -> Iterator[dict]:
+    """The samples of existing shards (URL specs: braces, globs, folders; several are
+    concatenated in their order), in shard order, their fields as bytes. ``keys``: only keys
+    matching this glob; ``where``: only samples passing each test (``name``: it has the
+    field; ``name=value``: the field's text is ``value``; ``name!=value``); ``select``: only
+    these fields (a sample left without any is dropped)."""
+    tests = [_field_test(text) for text in where]
     for spec in specs:
         for expanded in expand_url_spec(spec):
             for url in resolve_local(expanded):
@@ -152,11 +164,35 @@ def shard_samples(specs: Iterable[str], keys: str | None = None) -> Iterator[dic
                     for sample in group_members(url, iter_tar_members(stream, url)):
                         if keys is not None and not fnmatch.fnmatchcase(sample["__key__"], keys):
                             continue
+                        if not all(test(sample) for test in tests):
+                            continue
+                        if select is not None:
+                            sample = {k: v for k, v in sample.items() if k.startswith("_") or k in select}
+                            if all(k.startswith("_") for k in sample):
+                                continue
                         sample["__source__"] = f"{url}:{sample['__key__']}"
                         del sample["__url__"]
                         yield sample
                 finally:
                     stream.close()
+
+
+def _field_test(text: str):
+    """A test of a sample's fields: ``name`` (present), ``name=value`` or ``name!=value`` (its UTF-8 text)."""
+    for operator in ("!=", "="):
+        name, found, value = text.partition(operator)
+        if found:
+            name = name.strip().lower()
+            if operator == "=":
+                return lambda sample: name in sample and _text(sample[name]) == value
+            return lambda sample: name not in sample or _text(sample[name]) != value
+    name = text.strip().lower()
+    return lambda sample: name in sample
+
+
+def _text(value: object) -> str:
+    return bytes(value).decode("utf-8", "replace").strip() if isinstance(value, (bytes, bytearray, memoryview)) \
+        else str(value)
 
 
 __all__ = ["folder_samples", "imagefolder_samples", "manifest_samples", "read_fields_file", "shard_samples"]

@@ -31,6 +31,7 @@ from ..epochs.index import ShardIndex
 from ..errors import ShardWriteError
 from ..handlers import Handler, reraise_exception
 from . import destination as dest
+from .compress import check_compression, compression_of
 from .plan import assign_shards, sample_cost, writes_shard
 from .progress import ProgressLog, WriterSettings, join_index, progress_path
 from .shard_file import PROBLEMS, FileBytes, MemberOptions, ShardResult, check_fields, write_shard
@@ -56,10 +57,11 @@ class WriteReport:
 
     def summary(self) -> str:
         """A few lines for people: counts, rate, and every skipped input with its reason."""
-        rate = self.written / self.seconds if self.seconds else 0.0
+        seconds = self.seconds or float("inf")
         lines = [(f"read {self.read} samples: wrote {self.written}, skipped {len(self.skipped)}; "
-                  f"{self.shards} shards ({self.resumed} from an earlier run), {self.bytes / 1e6:.1f} MB, "
-                  f"{rate:.0f} samples/s")]
+                  f"{self.shards} shards ({self.resumed} from an earlier run), {self.bytes / 1e6:.1f} MB "
+                  f"in {self.seconds:.1f} s, {self.written / seconds:.0f} samples/s, "
+                  f"{self.bytes / seconds / 1e6:.1f} MB/s")]
         lines += [f"  skipped {source}: {why}" for source, why in self.skipped]
         return "\n".join(lines)
 
@@ -69,8 +71,9 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
                  map: Callable[[dict], dict | None] | None = None, handler: Handler = reraise_exception,
                  require: Sequence[str] = (), rank: int = 0, world: int = 1, mtime: int = 0, mode: int = 0o444,
                  allow_pickle: bool = False, fsync: bool = True, restart: bool = False, join: bool | None = None,
-                 progress: Callable[[int, int], None] | None = None, spool: str | None = None,
-                 uploads: int = 2, tries: int = 3) -> WriteReport:
+                 progress: Callable[[int, int], None] | None = None, compression: str | None = None,
+                 max_field_bytes: int | None = None, spool: str | None = None, uploads: int = 2,
+                 tries: int = 3) -> WriteReport:
     """Writes ``samples`` into shards named ``pattern % n`` with their index; returns a :class:`WriteReport`.
 
     Args:
@@ -98,6 +101,12 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
         restart: ignore an interrupted run's progress and write everything again.
         join: write the index when this rank is done; default: when ``world == 1``.
         progress: called with (samples, bytes) after each shard.
+        compression: ``"gzip"``, ``"bzip2"``, ``"xz"`` or ``"zstd"``; default: what the
+            pattern's suffix names (``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``,
+            ``.tar.zst``), else plain tars. The index of compressed shards has no sample
+            offsets nor member places (a compressed stream is read from its start).
+        max_field_bytes: a field (a file, bytes, text) bigger than this is a bad input
+            (to the handler: an error, or a listed skip).
         spool, uploads, tries: for a pattern with a scheme (``ais://bucket/train-%06d.tar``;
             see :mod:`.destination`): each shard is built in a fresh folder inside ``spool``
             (default: the system's temp folder), uploaded on one of ``uploads`` threads
@@ -106,8 +115,9 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
     """
     started = time.monotonic()
     index = index or os.path.join(os.path.dirname(pattern) or ".", "index.json")
+    compression = check_compression(compression or compression_of(pattern))
     settings = WriterSettings(pattern, maxcount, maxsize, rank, world, mtime, mode, allow_pickle,
-                              None if map is None else f"{map.__module__}.{map.__qualname__}")
+                              None if map is None else f"{map.__module__}.{map.__qualname__}", compression)
     remote = dest.is_remote(pattern)
     for location in (pattern, index):
         if dest.is_remote(location):
@@ -121,14 +131,14 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
             log = dest.RemoteProgress(index, rank, world, settings, files, restart)
         else:
             log = ProgressLog(progress_path(index, rank, world), settings, restart)
-        options = MemberOptions(mtime, mode, allow_pickle, fsync and not remote)
+        options = MemberOptions(mtime, mode, allow_pickle, fsync and not remote, compression)
         local = os.path.join(folder, posixpath.basename(pattern)) if remote else pattern
         report = WriteReport()
         publish = dest.Uploads(pattern, uploads, tries) if remote else None
         try:
             with _Shards(workers, options, handler, map, local, publish) as pool:
                 try:
-                    total = _run(samples, settings, require, handler, log, pool, report, progress)
+                    total = _run(samples, settings, require, handler, log, pool, report, progress, max_field_bytes)
                     for result, plan in pool.drain():
                         _record(log, report, result, plan, progress)
                 except BaseException:
@@ -152,12 +162,12 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
 
 
 def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[str], handler: Handler,
-         log: ProgressLog, pool: _Shards, report: WriteReport, progress) -> int:
+         log: ProgressLog, pool: _Shards, report: WriteReport, progress, max_field_bytes: int | None = None) -> int:
     """Plans every sample and hands this rank's shards to the pool; the plan's shard count."""
     current: list[dict] = []
     shard = -1
     skips: list[tuple[int, str, str]] = []  # (shard being filled, input, why)
-    checked = _checked(samples, require, handler, skips, lambda: max(shard, 0))
+    checked = _checked(samples, require, handler, skips, lambda: max(shard, 0), max_field_bytes)
     first, second = itertools.tee(checked)
     for (sample, _), number in zip(first, assign_shards((cost for _, cost in second), settings.maxcount,
                                                         settings.maxsize)):
@@ -179,7 +189,8 @@ def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[st
 
 
 def _checked(samples: Iterable[dict], require: Sequence[str], handler: Handler,
-             skips: list[tuple[int, str, str]], filling: Callable[[], int]) -> Iterator[tuple[dict, int]]:
+             skips: list[tuple[int, str, str]], filling: Callable[[], int],
+             max_field_bytes: int | None = None) -> Iterator[tuple[dict, int]]:
     """(sample, planned bytes) of each input that passes the checks; the others go to the handler."""
     seen: set[str] = set()
     for sample in samples:
@@ -195,7 +206,12 @@ def _checked(samples: Iterable[dict], require: Sequence[str], handler: Handler,
                 problem = "its key was seen before (keys must be unique: readers would merge or repeat them)"
             if problem is not None:
                 raise ShardWriteError(problem, key=key if isinstance(key, str) else None, source=source)
-            cost = sample_cost(key, [(name, _size(sample[name])) for name in fields])
+            sizes = [(name, _size(sample[name])) for name in fields]
+            over = [(name, size) for name, size in sizes if max_field_bytes is not None and size > max_field_bytes]
+            if over:
+                raise ShardWriteError(f"field {over[0][0]!r} has {over[0][1]} bytes, over the limit of "
+                                      f"{max_field_bytes} (max_field_bytes)", key=key, source=source)
+            cost = sample_cost(key, sizes)
         except (ShardWriteError, OSError) as exn:
             error = exn if isinstance(exn, ShardWriteError) else ShardWriteError(
                 f"{type(exn).__name__}: {exn}", key=key if isinstance(key, str) else None, source=source)
@@ -242,6 +258,8 @@ def _dispatch(shard: int, samples: list[dict | None], settings: WriterSettings, 
         report.shards += 1
         report.resumed += 1
         report.bytes += entry["scan"]["filesize"]
+        if progress is not None:
+            progress(entry["planned"], entry["scan"]["filesize"] or 0)
         return
     for result, done_plan in pool.submit(shard, samples, plan):
         _record(log, report, result, done_plan, progress)
