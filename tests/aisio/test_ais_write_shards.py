@@ -67,7 +67,7 @@ def test_shards_written_to_ais_equal_the_local_ones_and_read_back_by_index_exact
 def test_a_conversion_to_ais_killed_with_sigkill_resumes_writing_only_what_is_missing(ais_endpoint, bucket, tmp_path):
     """Oracle: the uninterrupted run written locally (the job's input and settings)."""
     records = "index.json.rank0-of-1.progress/"
-    job = subprocess.Popen([sys.executable, str(ROOT / "tests/writing/write_job.py"), f"ais://{bucket}", "2"],
+    job = subprocess.Popen([sys.executable, str(ROOT / "tests/aisio/ais_write_job.py"), f"ais://{bucket}", "2"],
                            stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
     try:
         assert job.stdout.readline().strip() == "go"
@@ -90,7 +90,7 @@ def test_a_conversion_to_ais_killed_with_sigkill_resumes_writing_only_what_is_mi
     recorded = sum(n.startswith(records) and n[-6].isdigit() for n in left)
     assert 3 <= recorded < 30
 
-    again = subprocess.run([sys.executable, str(ROOT / "tests/writing/write_job.py"), f"ais://{bucket}", "2"],
+    again = subprocess.run([sys.executable, str(ROOT / "tests/aisio/ais_write_job.py"), f"ais://{bucket}", "2"],
                            check=False, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert again.returncode == 0, again.stderr[-2000:]
     _, read, written, resumed = again.stdout.split()[-4:]
