@@ -380,7 +380,11 @@ def _join(base: str, url: str) -> str:
         return os.path.join(base, url)
     if url_scheme(url) != "file" or url.startswith("pipe:"):
         return url
-    return urllib.parse.urljoin(base if base.endswith("/") else base + "/", posixpath.normpath(url))
+    base = base if base.endswith("/") else base + "/"
+    scheme = url_scheme(base)
+    if scheme not in urllib.parse.uses_relative:  # ais://, s3://, ...: urljoin would drop the base
+        return scheme + urllib.parse.urljoin("http" + base[len(scheme):], posixpath.normpath(url))[4:]
+    return urllib.parse.urljoin(base, posixpath.normpath(url))
 
 
 def _relative(url: str, index_path: str | None) -> str:

@@ -17,8 +17,8 @@ from ..handlers import ignore_and_continue, reraise_exception
 from ..shards.listing import expand_url_spec, resolve_local
 from ..topology import launcher_rank_world
 from .compress import compression_of
+from .destination import is_remote, join_any
 from .parquet import parquet_rows, parquet_samples
-from .progress import join_index
 from .reshuffle import shuffled
 from .sources import folder_samples, imagefolder_samples, manifest_samples, shard_samples
 from .writer import write_shards
@@ -68,6 +68,9 @@ def add_create_command(commands) -> None:
                         help="compress the shards (default: as the output's suffix says: .tar.gz, .tar.zst, ...)")
     create.add_argument("--max-field-bytes", type=_size, help="a field (file) bigger than this is a bad input")
     create.add_argument("--no-fsync", action="store_true", help="do not sync shards to disk before renaming")
+    create.add_argument("--spool", help="where shards for ais:// (s3://, ...) are built before their upload "
+                        "(default: the temp folder)")
+    create.add_argument("--uploads", type=int, default=2, help="uploads at once to a remote -o (default 2)")
     create.add_argument("--quiet", action="store_true", help="no progress bar")
     create.set_defaults(run=run_create)
 
@@ -138,21 +141,22 @@ def run_create(args: argparse.Namespace) -> int:
     world = args.world if args.world is not None else found[1]
     index = args.index or os.path.join(os.path.dirname(args.output) or ".", "index.json")
     if args.join:
-        joined = join_index(index, world)
+        joined = join_any(index, world, args.spool)
         print(f"{index}: {len(joined)} shards, {joined.total} samples", file=sys.stderr)
         return 0
     layout = _layout(args)
     samples, total = _samples(args, layout)
     if args.shuffle_seed is not None:
         buckets = max(1, -(-_input_bytes(args, layout) // args.shuffle_memory))
-        samples = shuffled(samples, args.shuffle_seed, buckets, workdir=os.path.dirname(args.output) or ".")
+        samples = shuffled(samples, args.shuffle_seed, buckets,
+                           workdir=args.spool if is_remote(args.output) else os.path.dirname(args.output) or ".")
     with _Bar(args.quiet, total, world) as bar:
         report = write_shards(
             samples, args.output, maxcount=args.maxcount, maxsize=args.maxsize, index=index,
             workers=args.workers, handler=ignore_and_continue if args.skip_bad else reraise_exception,
             require=[n for n in args.require.split(",") if n], rank=rank, world=world, restart=args.restart,
             fsync=not args.no_fsync, progress=bar.advance, compression=args.compress,
-            max_field_bytes=args.max_field_bytes)
+            max_field_bytes=args.max_field_bytes, spool=args.spool, uploads=args.uploads)
     print(f"{layout} {' '.join(args.sources)} -> {args.output} (rank {rank} of {world})", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
     if report.index is not None:

@@ -17,7 +17,8 @@ import os
 from dataclasses import asdict, dataclass
 
 from ..epochs.index import ShardIndex, ShardScan, _write_atomically
-from ..errors import ShardWriteError
+from ..errors import ShardWriteError, WdsError
+from ..shards.openers import backend_for, url_scheme
 
 FORMAT = "wds_datapipes.writer_progress/1"
 
@@ -143,12 +144,29 @@ def _lines(path: str) -> list[dict]:
 def _still_there(entry: dict) -> bool:
     """Whether a recorded shard is still on disk as it was written (size and mtime)."""
     scan = entry["scan"]
+    if url_scheme(scan["url"]) != "file":
+        return object_still_there(entry)
     try:
         stat = os.stat(scan["url"])
     except OSError:
         return False
     places = scan.get("places") or {}
     return stat.st_size == scan["filesize"] and places.get("mtime_ns", stat.st_mtime_ns) == stat.st_mtime_ns
+
+
+def object_still_there(entry: dict) -> bool:
+    """Whether a recorded shard is still in its store as it was uploaded (size and version,
+    as its back end's ``stamp`` says them; size alone where the store has no version)."""
+    scan = entry["scan"]
+    try:
+        stamp = backend_for(scan["url"]).stamp
+        now = stamp(scan["url"], None) if stamp is not None else None
+    except (WdsError, OSError):
+        return False  # gone, or not to be trusted: written again, to the same bytes
+    if now is None:
+        return False
+    version = (scan.get("places") or {}).get("version")
+    return now[0] == scan["filesize"] and (version is None or now[1] is None or str(now[1]) == str(version))
 
 
 def join_index(index: str, world: int) -> ShardIndex:

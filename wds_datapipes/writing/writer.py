@@ -12,11 +12,14 @@ taken in the same pass (:mod:`.shard_file`), and recorded in the progress log
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import multiprocessing
 import os
+import posixpath
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -27,6 +30,7 @@ import numpy as np
 from ..epochs.index import ShardIndex
 from ..errors import ShardWriteError
 from ..handlers import Handler, reraise_exception
+from . import destination as dest
 from .compress import check_compression, compression_of
 from .plan import assign_shards, sample_cost, writes_shard
 from .progress import ProgressLog, WriterSettings, join_index, progress_path
@@ -68,7 +72,8 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
                  require: Sequence[str] = (), rank: int = 0, world: int = 1, mtime: int = 0, mode: int = 0o444,
                  allow_pickle: bool = False, fsync: bool = True, restart: bool = False, join: bool | None = None,
                  progress: Callable[[int, int], None] | None = None, compression: str | None = None,
-                 max_field_bytes: int | None = None) -> WriteReport:
+                 max_field_bytes: int | None = None, spool: str | None = None, uploads: int = 2,
+                 tries: int = 3) -> WriteReport:
     """Writes ``samples`` into shards named ``pattern % n`` with their index; returns a :class:`WriteReport`.
 
     Args:
@@ -102,26 +107,56 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
             offsets nor member places (a compressed stream is read from its start).
         max_field_bytes: a field (a file, bytes, text) bigger than this is a bad input
             (to the handler: an error, or a listed skip).
+        spool, uploads, tries: for a pattern with a scheme (``ais://bucket/train-%06d.tar``;
+            see :mod:`.destination`): each shard is built in a fresh folder inside ``spool``
+            (default: the system's temp folder), uploaded on one of ``uploads`` threads
+            while the next shards are written, tried ``tries`` times, then removed there.
+            The progress records and the index are kept at the destination.
     """
     started = time.monotonic()
     index = index or os.path.join(os.path.dirname(pattern) or ".", "index.json")
     compression = check_compression(compression or compression_of(pattern))
     settings = WriterSettings(pattern, maxcount, maxsize, rank, world, mtime, mode, allow_pickle,
                               None if map is None else f"{map.__module__}.{map.__qualname__}", compression)
-    os.makedirs(os.path.dirname(pattern) or ".", exist_ok=True)
-    log = ProgressLog(progress_path(index, rank, world), settings, restart)
-    options = MemberOptions(mtime, mode, allow_pickle, fsync, compression)
-    report = WriteReport()
+    remote = dest.is_remote(pattern)
+    for location in (pattern, index):
+        if dest.is_remote(location):
+            dest.find_put(location)  # a scheme that cannot store objects fails here, before anything is written
+    folder = dest.spool_folder(spool) if remote or dest.is_remote(index) else None
+    files = dest.RemoteFiles(folder, tries) if folder is not None else None
     try:
-        with _Shards(workers, options, handler, map) as pool:
-            total = _run(samples, settings, require, handler, log, pool, report, progress, max_field_bytes)
-            for result in pool.drain():
-                _record(log, report, result, pool.plans.pop(result.shard), progress)
-        log.end(total)
+        if not remote:
+            os.makedirs(os.path.dirname(pattern) or ".", exist_ok=True)
+        if files is not None and dest.is_remote(index):
+            log = dest.RemoteProgress(index, rank, world, settings, files, restart)
+        else:
+            log = ProgressLog(progress_path(index, rank, world), settings, restart)
+        options = MemberOptions(mtime, mode, allow_pickle, fsync and not remote, compression)
+        local = os.path.join(folder, posixpath.basename(pattern)) if remote else pattern
+        report = WriteReport()
+        publish = dest.Uploads(pattern, uploads, tries) if remote else None
+        try:
+            with _Shards(workers, options, handler, map, local, publish) as pool:
+                try:
+                    total = _run(samples, settings, require, handler, log, pool, report, progress, max_field_bytes)
+                    for result, plan in pool.drain():
+                        _record(log, report, result, plan, progress)
+                except BaseException:
+                    for result, plan in publish.salvage() if publish is not None else ():
+                        with contextlib.suppress(Exception):  # kept for the resume; the first error is raised
+                            log.record(result.shard, *plan, result.written, result.skipped, result.scan)
+                    raise
+            log.end(total)
+        finally:
+            log.close()
+            if publish is not None:
+                publish.close()
+        if join if join is not None else world == 1:
+            report.index = (dest.join_remote_index(index, world, files, log.done) if isinstance(log, dest.RemoteProgress)
+                            else join_index(index, world))
     finally:
-        log.close()
-    if join if join is not None else world == 1:
-        report.index = join_index(index, world)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     report.seconds = time.monotonic() - started
     return report
 
@@ -226,8 +261,8 @@ def _dispatch(shard: int, samples: list[dict | None], settings: WriterSettings, 
         if progress is not None:
             progress(entry["planned"], entry["scan"]["filesize"] or 0)
         return
-    for result in pool.submit(shard, settings.pattern % shard, samples, plan):
-        _record(log, report, result, pool.plans.pop(result.shard), progress)
+    for result, done_plan in pool.submit(shard, samples, plan):
+        _record(log, report, result, done_plan, progress)
 
 
 def _record(log: ProgressLog, report: WriteReport, result: ShardResult, plan: tuple[int, str, str],
@@ -244,6 +279,8 @@ def _record(log: ProgressLog, report: WriteReport, result: ShardResult, plan: tu
 
 # ------------------------------------------------------------ the workers
 
+Finished = tuple[ShardResult, tuple[int, str, str]]  # a shard done, and its plan
+
 _worker: dict = {}
 
 
@@ -256,12 +293,16 @@ def _write_in_worker(shard: int, path: str, samples: list[dict]) -> ShardResult:
 
 
 class _Shards:
-    """Writes shards here (one worker) or in worker processes, at most two queued per worker."""
+    """Writes shards here (one worker) or in worker processes, at most two queued per worker;
+    with ``publish`` (:class:`.destination.Uploads`), each finished shard is uploaded and
+    handed back once stored."""
 
-    def __init__(self, workers: int, options: MemberOptions, handler: Handler, map_fn):
+    def __init__(self, workers: int, options: MemberOptions, handler: Handler, map_fn, pattern: str,
+                 publish: dest.Uploads | None = None):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, not {workers}")
         self.workers, self.options, self.handler, self.map_fn = workers, options, handler, map_fn
+        self.pattern, self.publish = pattern, publish
         self.plans: dict[int, tuple[int, str, str]] = {}
         self.pending: set[Future] = set()
         self.pool: ProcessPoolExecutor | None = None
@@ -274,23 +315,34 @@ class _Shards:
                                             initargs=(self.options, self.handler, self.map_fn))
         return self
 
-    def submit(self, shard: int, path: str, samples: list[dict], plan: tuple[int, str, str]) -> list[ShardResult]:
-        """Hands on one shard; returns the shards finished meanwhile."""
+    def submit(self, shard: int, samples: list[dict], plan: tuple[int, str, str]) -> list[Finished]:
+        """Hands on one shard; returns the shards finished meanwhile, with their plans."""
         self.plans[shard] = plan
+        path = self.pattern % shard
         if self.pool is None:
-            return [write_shard(shard, path, samples, self.options, self.handler, self.map_fn, True)]
+            return self._published([write_shard(shard, path, samples, self.options, self.handler, self.map_fn,
+                                                True)])
         self.pending.add(self.pool.submit(_write_in_worker, shard, path, samples))
         finished = []
         while len(self.pending) >= 2 * self.workers:
             done, self.pending = wait(self.pending, return_when=FIRST_COMPLETED)
             finished += [future.result() for future in done]
-        return finished
+        return self._published(finished)
 
-    def drain(self) -> Iterator[ShardResult]:
+    def drain(self) -> Iterator[Finished]:
         while self.pending:
             done, self.pending = wait(self.pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                yield future.result()
+            yield from self._published([future.result() for future in done])
+        if self.publish is not None:
+            yield from self.publish.drain()
+
+    def _published(self, results: list[ShardResult]) -> list[Finished]:
+        """The shards finished: written (local), or stored (a remote destination)."""
+        finished = []
+        for result in results:
+            plan = self.plans.pop(result.shard)
+            finished += [(result, plan)] if self.publish is None else self.publish.add(result, plan)
+        return finished
 
     def __exit__(self, *exc) -> None:
         if self.pool is not None:
