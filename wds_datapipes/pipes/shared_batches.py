@@ -1,0 +1,144 @@
+"""Shared-memory batches that a loader's worker writes again once every other holder has let go.
+
+A batch a worker sends to the main process lies in shared memory. Made fresh for every batch,
+each of its pages is allocated, zeroed and mapped by the kernel, and freed again when the main
+process drops the batch: on the 2-core development machine ~15 ms of kernel time a batch of
+64 224x224 crops (9.6 MB), ~0.23 ms a sample, a tenth of decoding and cropping it. Here a
+worker keeps a few buffers (files in /dev/shm, unlinked at once) and writes a batch into one
+that no other process holds any more.
+
+How a buffer is known to be free: the worker keeps one open file description of each buffer
+(``own``) and hands torch a second one, opened anew for every batch; torch maps that one and
+sends it (its descriptor passes to the main process, which maps it while it holds the batch).
+A process that maps a file holds its description open until it unmaps it, whatever it did
+with the descriptor. The kernel grants a write lease (``F_SETLEASE``) on ``own`` only while
+no other description of the file is open anywhere: in this worker, in the main process, or
+in any process the batch was passed on to. So a buffer is written again only when the lease
+is granted (it is released at once). Where leases are not available (no ``/dev/shm``, leases
+disabled), or every buffer is held, a batch is made fresh, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import secrets
+import threading
+
+import torch
+
+MAX_BUFFERS = 8  # per worker process; the buffers live as long as the process
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14: map every page in one call instead of a fault per page
+
+_lock = threading.Lock()
+_buffers: list[_Buffer] = []
+_disabled = False
+
+
+class _Buffer:
+    """One file in /dev/shm (unlinked): the worker's own description of it, and its size."""
+
+    def __init__(self, nbytes: int):
+        name = f"/dev/shm/wds-datapipes-{os.getpid()}-{secrets.token_hex(6)}"
+        self.fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.unlink(name)
+            os.posix_fallocate(self.fd, 0, nbytes)  # a full /dev/shm is an OSError here, not a SIGBUS later
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.nbytes = nbytes
+
+    def free(self) -> bool:
+        """True where no other open description of the file exists (a write lease is granted)."""
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        except BlockingIOError:  # EAGAIN: another description is open somewhere
+            return False
+        fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return True
+
+    def storage(self) -> torch.UntypedStorage:
+        """A new torch storage of the buffer through a description of its own (the one torch sends)."""
+        fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            storage = torch.UntypedStorage._new_shared_fd_cpu(fd, self.nbytes)  # torch dups fd and maps it
+        finally:
+            os.close(fd)
+        _populate(storage.data_ptr(), self.nbytes)
+        return storage
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def reused_storage(nbytes: int) -> torch.UntypedStorage | None:
+    """A shared-memory storage of ``nbytes`` in a buffer no other process holds, or None (make
+    one fresh) where every buffer is held or reuse is not available here."""
+    global _disabled
+    if _disabled or not hasattr(torch.UntypedStorage, "_new_shared_fd_cpu"):
+        return None
+    with _lock:
+        try:
+            buffer = _free_buffer(nbytes)
+            return None if buffer is None else buffer.storage()
+        except OSError:  # no /dev/shm, no /proc, leases disabled (EINVAL), a full /dev/shm: as before
+            _disabled = True
+            return None
+
+
+def _free_buffer(nbytes: int) -> _Buffer | None:
+    for buffer in _buffers:
+        if buffer.nbytes == nbytes and buffer.free():
+            return buffer
+    if len(_buffers) >= MAX_BUFFERS:  # make room: a free buffer of another size goes
+        spare = next((b for b in _buffers if b.nbytes != nbytes and b.free()), None)
+        if spare is None:
+            return None
+        _buffers.remove(spare)
+        spare.close()
+    buffer = _Buffer(nbytes)
+    if not buffer.free():  # a file system where a lone description gets no lease: leases cannot tell here
+        buffer.close()
+        raise OSError("write leases are not granted on /dev/shm")
+    _buffers.append(buffer)
+    return buffer
+
+
+def _populate(address: int, nbytes: int) -> None:
+    """Maps the pages of a new mapping of a buffer in one call (best effort: faults otherwise)."""
+    if _madvise is None:
+        return
+    start = (address + _PAGE - 1) // _PAGE * _PAGE
+    end = (address + nbytes) // _PAGE * _PAGE
+    if end > start:
+        _madvise(start, end - start, _MADV_POPULATE_WRITE)  # EINVAL before Linux 5.14: ignored
+
+
+def _forget_buffers() -> None:
+    """In a process forked from one with buffers: they are its parent's; close them, keep none."""
+    global _lock
+    _lock = threading.Lock()
+    for buffer in _buffers:
+        try:
+            buffer.close()
+        except OSError:
+            pass
+    _buffers.clear()
+
+
+def _libc_madvise():
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_madvise = _libc_madvise()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_buffers)
