@@ -55,13 +55,23 @@ def name_problem(key: object, suffix: str) -> str | None:
         return f"the key must be a non-empty string, not {key!r}"
     if not suffix:
         return "an empty field name"
-    if split_key(f"{key}.{suffix}") != (key, suffix.lower()):
+    if _plain_key(key) and "/" not in suffix and "\n" not in suffix:
+        return None  # the dot after the key is the name's first in its last part: split_key's own cut
+    split = split_key(f"{key}.{suffix}")
+    if split != (key, suffix.lower()):
         base = key.rsplit("/", 1)[-1]
-        if "." in base:
+        if "." in base and split is not None:
             return (f"the key {key!r} has a dot in its last part: readers would split the member "
-                    f"{key}.{suffix!s} into the key {split_key(f'{key}.{suffix}')[0]!r}")
+                    f"{key}.{suffix!s} into the key {split[0]!r}")
         return f"the member name {key}.{suffix} would not read back as key {key!r}, field {suffix.lower()!r}"
     return None
+
+
+def _plain_key(key: str) -> bool:
+    """Whether ``key.<suffix>`` splits back at the dot after the key for any suffix without a
+    slash or newline: a last part that is non-empty and has no dot, no newline, no ``__`` start."""
+    return not key.startswith("__") and "\n" not in key and "." not in key[key.rfind("/") + 1 :] \
+        and not key.endswith("/")
 
 
 def check_fields(key: object, suffixes: list[str]) -> str | None:
