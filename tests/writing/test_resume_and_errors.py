@@ -29,9 +29,10 @@ def _run_job(out: Path, workers: int, kill_after: float | None) -> str | None:
     try:
         assert job.stdout.readline().strip() == "go"
         if kill_after is None:
-            out_text, _ = job.communicate(timeout=400)
-            assert job.returncode == 0
-            return out_text
+            # (not communicate(timeout=...): it reads the pipe's fd and would miss a "done" line
+            # that readline above already buffered, when the job ends before this test reads on)
+            assert job.wait(timeout=400) == 0
+            return job.stdout.read()
         time.sleep(kill_after)
         os.killpg(job.pid, signal.SIGKILL)  # the whole group: the workers die with it, as on a lost node
         job.wait(timeout=30)

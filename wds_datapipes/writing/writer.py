@@ -149,19 +149,21 @@ def _checked(samples: Iterable[dict], require: Sequence[str], handler: Handler,
     seen: set[str] = set()
     for sample in samples:
         key = sample.get("__key__")
-        source = str(sample.get("__source__", key))
         try:
             fields = [name for name in sample if not name.startswith("_")]
-            problem = "; ".join(sample[PROBLEMS]) if sample.get(PROBLEMS) else check_fields(key, fields)
-            missing = [name for name in require if name not in sample]
+            problems = sample.get(PROBLEMS)
+            problem = "; ".join(problems) if problems else check_fields(key, fields)
+            missing = [name for name in require if name not in sample] if require else None
             if problem is None and missing:
                 problem = f"the required field(s) {missing} are missing (it has {fields})"
             if problem is None and key in seen:
                 problem = "its key was seen before (keys must be unique: readers would merge or repeat them)"
             if problem is not None:
-                raise ShardWriteError(problem, key=key if isinstance(key, str) else None, source=source)
+                raise ShardWriteError(problem, key=key if isinstance(key, str) else None,
+                                      source=str(sample.get("__source__", key)))
             cost = sample_cost(key, [(name, _size(sample[name])) for name in fields])
         except (ShardWriteError, OSError) as exn:
+            source = str(sample.get("__source__", key))
             error = exn if isinstance(exn, ShardWriteError) else ShardWriteError(
                 f"{type(exn).__name__}: {exn}", key=key if isinstance(key, str) else None, source=source)
             handler(error)
