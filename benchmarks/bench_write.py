@@ -1,20 +1,25 @@
-"""Writing shards from an ImageFolder tree: ours against webdataset's ShardWriter and ``cp -r``.
+"""Writing shards from an ImageFolder tree: ours against ``cp -r``, webdataset's ShardWriter and LitData.
 
-    python benchmarks/bench_write.py [--files 4000] [--rounds 5]
+    python benchmarks/bench_write.py [--files 4000] [--images 400] [--rounds 5]
 
 The input: ``--files`` files of 50-150 KB of random bytes in 40 class folders, read once
 so they sit in the page cache. A copy-only conversion to shards of 1000 samples (each
-sample its file and its class), timed per round, the median reported:
+sample its file and its class), in one process, timed per round, the median reported:
 
 - ``cp -r``: the same bytes copied file by file (the disk's limit for this work);
 - webdataset 1.0.2's ``ShardWriter`` loop (read each file, ``write({"jpg": ..., "cls": ...})``);
-- ours, ``write_shards(imagefolder_samples(...))``, 1 and 2 processes, files copied by the
-  OS (``os.copy_file_range``) into the shards, the index (offsets and member places)
-  taken in the same pass; and ours with the index switched off, for the index's cost.
+- LitData's ``optimize()`` (one worker, chunks of 1000 samples, its own format);
+- ours, ``write_shards(imagefolder_samples(...))``: files copied by the OS
+  (``os.copy_file_range``) into the shards, the index (offsets and member places) taken
+  in the same pass; and ours with the index switched off, for the index's cost.
 
+Then ``--images`` JPEGs (640x480, 50-150 KB) through a per-sample function (decode,
+resize to 320x240, re-encode), with 1 and 2 worker processes, in shards of 10 samples.
+
+The paths alternate within each round (a change of the machine's load hits every row).
 No run fsyncs (``cp`` does not). Timings on a shared machine move with its load: compare
-ratios from one run. The CPU time per file (user + system, workers and ``cp`` included)
-moves less with the load than the wall time does.
+ratios from one run. The CPU time per file (user + system of this process and its
+children: ``cp``, the workers) moves less with the load than the wall time does.
 """
 
 from __future__ import annotations
@@ -69,20 +74,68 @@ def run_webdataset(src: str, dst: str) -> None:
                     sink.write({"__key__": f"{name}/{file[:-4]}", "jpg": stream.read(), "cls": number})
 
 
-def run_ours(src: str, dst: str, workers: int) -> None:
-    write_shards(imagefolder_samples(src), os.path.join(dst, "ours-%06d.tar"), maxcount=1000, workers=workers,
-                 fsync=False)
+def _litdata_item(item: tuple[str, int]) -> dict:
+    path, number = item
+    with open(path, "rb") as stream:
+        return {"jpg": stream.read(), "cls": number}
+
+
+def run_litdata(src: str, dst: str) -> None:
+    import litdata
+
+    classes = sorted(os.listdir(src))
+    inputs = [(os.path.join(src, name, file), number) for number, name in enumerate(classes)
+              for file in sorted(os.listdir(os.path.join(src, name)))]
+    litdata.optimize(fn=_litdata_item, inputs=inputs, output_dir=dst, chunk_size=1000, num_workers=1,
+                     reorder_files=False, verbose=False, start_method="fork")
+
+
+def run_ours(src: str, dst: str, workers: int = 1, **settings) -> None:
+    write_shards(imagefolder_samples(src), os.path.join(dst, "ours-%06d.tar"), workers=workers, fsync=False,
+                 **{"maxcount": 1000, **settings})
 
 
 def run_ours_no_index(src: str, dst: str) -> None:
     """Ours with member places and the index file switched off (the progress record stays)."""
-    places, join = shard_file.places_of_members, writer.join_index
-    shard_file.places_of_members = lambda url, members, stamp: ShardPlaces(None)
+    places, join = shard_file._places, writer.join_index
+    shard_file._places = lambda *args: ShardPlaces(None)
     writer.join_index = lambda index, world: None
     try:
-        run_ours(src, dst, 1)
+        run_ours(src, dst)
     finally:
-        shard_file.places_of_members, writer.join_index = places, join
+        shard_file._places, writer.join_index = places, join
+
+
+def make_images(root: str, images: int, seed: int = 0) -> int:
+    """``images`` JPEGs of 640x480 (smooth colours and noise: 50-150 KB) in 4 class folders."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    total = 0
+    for i in range(images):
+        folder = os.path.join(root, f"class{i % 4}")
+        os.makedirs(folder, exist_ok=True)
+        y, x = np.mgrid[0:480, 0:640]
+        base = np.stack([(x * rng.uniform(0.1, 0.4) + y * rng.uniform(0.1, 0.4)) % 256] * 3, axis=-1)
+        noise = rng.normal(0, rng.uniform(4, 12), size=(480, 640, 3))
+        path = os.path.join(folder, f"img{i:06d}.jpg")
+        Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8)).save(path, quality=90)
+        total += os.path.getsize(path)
+    return total
+
+
+def resize_sample(sample: dict) -> dict:
+    """The per-sample function: decode the JPEG, resize to 320x240, encode it again."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(sample["jpg"])) as image:
+        small = image.convert("RGB").resize((320, 240), Image.BILINEAR)
+    out = io.BytesIO()
+    small.save(out, format="JPEG", quality=90)
+    return {**sample, "jpg": out.getvalue()}
 
 
 def _cpu_seconds() -> float:
@@ -94,42 +147,64 @@ def _cpu_seconds() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=4000)
+    parser.add_argument("--images", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench-write-")
     try:
-        src = os.path.join(work, "src")
+        src, images = os.path.join(work, "src"), os.path.join(work, "images")
         total = make_tree(src, args.files)
-        print(f"{args.files} files, {total / 1e6:.0f} MB in the page cache; {args.rounds} rounds, median; "
+        image_bytes = make_images(images, args.images)
+        print(f"{args.files} files, {total / 1e6:.0f} MB in the page cache; {args.images} JPEGs, "
+              f"{image_bytes / 1e6:.0f} MB; {args.rounds} rounds, median; "
               f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        copy = lambda run: (src, args.files, run)
+        mapped = lambda n: (images, args.images, lambda s, d: run_ours(s, d, n, maxcount=10,
+                                                                        map=resize_sample))
         runs = {
-            "cp -r": run_cp,
-            "webdataset ShardWriter": run_webdataset,
-            "ours, 1 process": lambda s, d: run_ours(s, d, 1),
-            "ours, 2 processes": lambda s, d: run_ours(s, d, 2),
-            "ours, 1 process, no index": run_ours_no_index,
+            "cp -r": copy(run_cp),
+            "webdataset ShardWriter": copy(run_webdataset),
+            "LitData optimize": copy(run_litdata),
+            "ours": copy(run_ours),
+            "ours, no index": copy(run_ours_no_index),
+            "ours + function, 1 worker": mapped(1),
+            "ours + function, 2 workers": mapped(2),
         }
         times: dict[str, list[float]] = {name: [] for name in runs}
         cpu: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(args.rounds):
-            for name, run in runs.items():  # interleaved: a change in the machine's load hits every row
+        for round_ in range(args.rounds):
+            order = list(runs) if round_ % 2 == 0 else list(reversed(runs))  # alternate: no row always first
+            for name in order:
+                source, _, run = runs[name]
                 dst = os.path.join(work, "dst")
                 used = _cpu_seconds()
                 started = time.perf_counter()
-                run(src, dst)
+                run(source, dst)
                 times[name].append(time.perf_counter() - started)
                 cpu[name].append(_cpu_seconds() - used)
                 shutil.rmtree(dst)
-        median = {name: statistics.median(t) for name, t in times.items()}
-        for name, seconds in median.items():
-            print(f"{name:28s} {args.files / seconds:8.0f} files/s {total / seconds / 1e6:7.0f} MB/s "
-                  f"(min {args.files / max(times[name]):.0f}, max {args.files / min(times[name]):.0f}); "
-                  f"CPU {statistics.median(cpu[name]) * 1e6 / args.files:.0f} us/file")
-        ours = median["ours, 1 process"]
-        print(f"ours 1 process / webdataset: {median['webdataset ShardWriter'] / ours:.2f}x (goal >= 3x)")
-        print(f"ours 2 processes / webdataset: {median['webdataset ShardWriter'] / median['ours, 2 processes']:.2f}x")
-        print(f"ours 1 process / cp -r: {median['cp -r'] / ours:.0%} of cp's rate (goal >= 80%)")
-        print(f"index in the same pass: {ours / median['ours, 1 process, no index'] - 1:+.1%} time (goal <= +5%)")
+        rate = {name: runs[name][1] / statistics.median(t) for name, t in times.items()}
+        per_file = {name: statistics.median(c) * 1e6 / runs[name][1] for name, c in cpu.items()}
+        for name, files_per_s in rate.items():
+            count = runs[name][1]
+            print(f"{name:28s} {files_per_s:8.0f} files/s (min {count / max(times[name]):.0f}, "
+                  f"max {count / min(times[name]):.0f}); CPU {per_file[name]:.0f} us/file")
+
+        def goal(text: str, value: float, wanted: float, by_cpu: float, more: bool = True) -> None:
+            met = value >= wanted if more else value <= wanted
+            print(f"{text}: {value:.2f} (by CPU time {by_cpu:.2f}); goal {'>=' if more else '<='} {wanted}: "
+                  f"{'met' if met else 'NOT met'}")
+
+        goal("ours / cp -r", rate["ours"] / rate["cp -r"], 0.8, per_file["cp -r"] / per_file["ours"])
+        goal("ours / webdataset ShardWriter", rate["ours"] / rate["webdataset ShardWriter"], 3,
+             per_file["webdataset ShardWriter"] / per_file["ours"])
+        goal("ours / LitData optimize", rate["ours"] / rate["LitData optimize"], 1.2,
+             per_file["LitData optimize"] / per_file["ours"])
+        goal("index in the same pass, time over none", rate["ours, no index"] / rate["ours"] - 1, 0.05,
+             per_file["ours"] / per_file["ours, no index"] - 1, more=False)
+        goal("function, 2 workers / 1 worker", rate["ours + function, 2 workers"] / rate["ours + function, 1 worker"],
+             1.7, 2 * per_file["ours + function, 1 worker"] / per_file["ours + function, 2 workers"])
+        print(f"load average at the end {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -105,3 +105,15 @@ def test_places_of_a_built_archive_point_at_the_bytes():
     archive = build_tar(members)
     for (name, _, data, size), (want_name, want) in zip(iter_tar_places(io.BytesIO(archive), "t.tar"), members):
         assert name == want_name and archive[data : data + size] == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="abcXYZ019._-/ ", min_size=1, max_size=100), st.integers(0, 8**11 - 1),
+       st.integers(0, 8**11 - 1), st.sampled_from([0o444, 0o644, 0o755, 0o600]))
+def test_a_plain_member_header_equals_the_block_built_field_by_field(name, size, mtime, mode):
+    """oracle: ustar_block (every field set, the checksum summed over the whole block) and tarfile's
+    reading of it: the one-join header of an ASCII name of <= 100 bytes is the same 512 bytes."""
+    header = member_header(name, size, mtime=mtime, mode=mode)
+    assert header == ustar_block(name.encode(), size, mtime=mtime, mode=mode)
+    info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+    assert (info.name, info.size, info.mtime, info.mode) == (name, size, mtime, mode)

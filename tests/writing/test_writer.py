@@ -10,14 +10,18 @@ import tarfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.writing.conftest import make_samples
 from wds_datapipes import ShardLister
 from wds_datapipes.decoding.encoding import encode_sample
 from wds_datapipes.epochs.exact_epochs import ExactEpochs
 from wds_datapipes.epochs.index import ShardIndex, scan_shard
+from wds_datapipes.shards.grouping import split_key
 from wds_datapipes.writing import FileBytes, join_index, write_shards
 from wds_datapipes.writing.plan import assign_shards, sample_cost
+from wds_datapipes.writing.shard_file import name_problem
 
 
 def _expected(samples):
@@ -172,3 +176,14 @@ def test_no_part_file_is_left_and_the_shards_are_complete_archives(tmp_path, sam
     for shard in tmp_path.glob("*.tar"):
         with tarfile.open(fileobj=io.BytesIO(shard.read_bytes())) as tar:
             assert len(tar.getmembers()) % 5 == 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="ab._/\n_Z", min_size=1, max_size=8), st.text(alphabet="ab._/\n_Z", min_size=1, max_size=6))
+def test_a_name_is_accepted_exactly_when_it_splits_back_into_its_key_and_field(key, suffix):
+    """oracle: split_key, the readers' own rule: ``key.suffix`` is accepted (no problem) exactly
+    when it splits back into (key, suffix lowercased); a refused one gets a reason, never a crash
+    (a key like "." splits into no key at all)."""
+    problem = name_problem(key, suffix)
+    assert (problem is None) == (split_key(f"{key}.{suffix}") == (key, suffix.lower()))
+    assert problem is None or isinstance(problem, str)

@@ -190,19 +190,22 @@ class MemberPlaces:
             if shard.names is None:
                 entries.append(None)
                 continue
-            splits = [split_key(name) for name in shard.names]  # the scan kept names with a key
+            # the scan kept names with a key, a sample's members share it: split each sample's first
             samples = np.asarray(shard.samples, dtype=np.int64)
-            encoded = [splits[f][0].encode("utf-8", "surrogateescape") + b"\0" for f in _sample_starts(samples)]
+            firsts = _sample_starts(samples)
+            sample_keys = [split_key(shard.names[f])[0] for f in firsts]
+            encoded = [key.encode("utf-8", "surrogateescape") + b"\0" for key in sample_keys]
             starts = at + np.concatenate([[0], np.cumsum([len(e) for e in encoded], dtype=np.int64)[:-1]])
             at += sum(len(e) for e in encoded)
-            part = np.empty(len(splits), dtype=ROW)
+            part = np.empty(len(shard.names), dtype=ROW)
             part["data"], part["size"], part["sample"] = shard.data, shard.sizes, shard.samples
-            part["suffix"] = [table.setdefault(name[len(key) + 1 :], len(table))
-                              for name, (key, _) in zip(shard.names, splits)]
+            cuts = np.repeat([len(key) + 1 for key in sample_keys],
+                             np.diff(firsts + [len(shard.names)])).tolist() if firsts else []
+            part["suffix"] = [table.setdefault(name[cut:], len(table)) for name, cut in zip(shard.names, cuts)]
             part["key"] = starts[samples - samples[0]] if len(samples) else starts[:0]
             rows.append(part)
             keys.extend(encoded)
-            entries.append((len(splits), shard.filesize, shard.version))
+            entries.append((len(shard.names), shard.filesize, shard.version))
         return cls(np.concatenate(rows) if rows else np.empty(0, dtype=ROW), b"".join(keys), entries, list(table))
 
     def shard_places(self, shard: int) -> ShardPlaces:

@@ -12,6 +12,7 @@ as POSIX and tarfile's PAX format write them.
 from __future__ import annotations
 
 import functools
+import zlib
 from collections.abc import Iterable
 
 from .headers import BLOCK, _header_sum
@@ -79,6 +80,14 @@ def _template(mtime: int, mode: int, flag: bytes) -> bytes:
     return bytes(block)
 
 
+@functools.lru_cache(maxsize=64)
+def _parts(mtime: int, mode: int) -> tuple[bytes, bytes, int, bytes]:
+    """A plain member's header around its name, size and checksum fields: bytes 100-124,
+    bytes 136-148, the checksum of the block with the name and size zero, bytes 156-512."""
+    block = _template(mtime, mode, b"0")
+    return block[100:124], block[136:148], _header_sum(memoryview(block), 0), block[156:]
+
+
 def member_header(name: str, size: int, *, mtime: int = 0, mode: int = 0o444) -> bytes:
     """The header bytes of a regular file member: one ustar block, or a PAX header (its
     block, records and padding) and then the ustar block, where the name or size needs it.
@@ -88,6 +97,13 @@ def member_header(name: str, size: int, *, mtime: int = 0, mode: int = 0o444) ->
     if size < 0 or mtime < 0:
         raise ValueError(f"a member's size and mtime must be >= 0 (got {size}, {mtime})")
     encoded = name.encode("utf-8", "surrogateescape")
+    if 0 < len(encoded) <= 100 and size <= _MAX_OCTAL_SIZE and mtime <= _MAX_OCTAL_SIZE and encoded.isascii() \
+            and b"\0" not in encoded:  # the common case: one ustar block; its checksum is the fixed
+        # fields' sum plus the name's and size's (adler32's low half: 1 + the byte sum, exact below 65521)
+        head, middle, base, tail = _parts(mtime, mode)
+        digits = b"%011o\0" % size
+        return b"".join((encoded, bytes(100 - len(encoded)), head, digits, middle,
+                         b"%06o\0 " % (base + (zlib.adler32(digits, zlib.adler32(encoded)) & 0xFFFF) - 1), tail))
     if not name or b"\0" in encoded:
         raise ValueError(f"a member name must be non-empty without NUL bytes: {name!r}")
     split = _ustar_name(encoded) if encoded.isascii() else None

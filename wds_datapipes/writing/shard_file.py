@@ -24,14 +24,16 @@ import numpy as np
 
 from ..decoding.encoding import encode_value
 from ..epochs.index import ShardScan
-from ..epochs.places import places_of_members, stat_stamp
+from ..epochs.places import ShardPlaces, places_of_members, stat_stamp
 from ..errors import ShardWriteError
 from ..handlers import Handler, reraise_exception
 from ..shards.grouping import split_key
 from ..tar.build import END, member_header, padding
+from ..tar.headers import BLOCK
 from .compress import compress_file
 
 _FLUSH_AT = 1 << 20
+
 PROBLEMS = "__problems__"  # an input reader's reasons why a sample cannot be written
 _COPY_CHUNK = 1 << 30
 
@@ -54,13 +56,23 @@ def name_problem(key: object, suffix: str) -> str | None:
         return f"the key must be a non-empty string, not {key!r}"
     if not suffix:
         return "an empty field name"
-    if split_key(f"{key}.{suffix}") != (key, suffix.lower()):
+    if _plain_key(key) and "/" not in suffix and "\n" not in suffix:
+        return None  # the dot after the key is the name's first in its last part: split_key's own cut
+    split = split_key(f"{key}.{suffix}")
+    if split != (key, suffix.lower()):
         base = key.rsplit("/", 1)[-1]
-        if "." in base:
+        if "." in base and split is not None:
             return (f"the key {key!r} has a dot in its last part: readers would split the member "
-                    f"{key}.{suffix!s} into the key {split_key(f'{key}.{suffix}')[0]!r}")
+                    f"{key}.{suffix!s} into the key {split[0]!r}")
         return f"the member name {key}.{suffix} would not read back as key {key!r}, field {suffix.lower()!r}"
     return None
+
+
+def _plain_key(key: str) -> bool:
+    """Whether ``key.<suffix>`` splits back at the dot after the key for any suffix without a
+    slash or newline: a last part that is non-empty and has no dot, no newline, no ``__`` start."""
+    return not key.startswith("__") and "\n" not in key and "." not in key[key.rfind("/") + 1 :] \
+        and not key.endswith("/")
 
 
 def check_fields(key: object, suffixes: list[str]) -> str | None:
@@ -100,36 +112,36 @@ class ShardResult:
 
 
 class _Output:
-    """A shard file written through one fd: small writes gathered, files copied by the OS."""
+    """A shard file written through one fd: headers and small members gathered into one
+    write before each file, whose bytes the OS copies (they never become Python objects)."""
 
     def __init__(self, path: str):
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.pos = 0  # bytes written, buffered ones included
+        self.pos = 0  # bytes written, pending ones included
         self.flushed = 0
-        self.buffer = bytearray()
+        self.pending: list[bytes] = []
 
     def write(self, data: bytes) -> None:
-        self.buffer += data
+        self.pending.append(data)
         self.pos += len(data)
-        if len(self.buffer) >= _FLUSH_AT:
+        if self.pos - self.flushed >= _FLUSH_AT:
             self.flush()
 
     def flush(self) -> None:
-        with memoryview(self.buffer) as whole:
-            view = whole
-            while view:
-                view = view[os.write(self.fd, view):]
-            view.release()
+        if self.pending:
+            _write_all(self.fd, self.pending[0] if len(self.pending) == 1 else b"".join(self.pending))
+            self.pending.clear()
         self.flushed = self.pos
-        self.buffer.clear()
 
     def copy_file(self, name: str, path: str, options: MemberOptions) -> tuple[int, int]:
-        """Writes a member holding the file at ``path``; (its data offset, its size)."""
+        """Writes a member holding the file at ``path`` (its size as opened); (its data offset, its size)."""
         source = os.open(path, os.O_RDONLY)
         try:
             size = os.fstat(source).st_size
-            self.write(member_header(name, size, mtime=options.mtime, mode=options.mode))
-            self.flush()
+            header = member_header(name, size, mtime=options.mtime, mode=options.mode)
+            self.pending.append(header)
+            self.pos += len(header)
+            self.flush()  # one write: what came before, and this header
             at = self.pos
             left = size
             while left:
@@ -138,9 +150,9 @@ class _Output:
                     raise OSError(errno.EIO, f"the file ended {left} bytes short of its size {size} "
                                              "(changed while it was copied)")
                 left -= copied
-                self.pos += copied
-                self.flushed = self.pos
-            self.write(padding(size))
+            self.pos = self.flushed = at + size
+            if size % BLOCK:
+                self.write(_ZEROS[: BLOCK - size % BLOCK])
             return at, size
         finally:
             os.close(source)
@@ -148,9 +160,10 @@ class _Output:
     def cut_back(self, to: int) -> None:
         """Forgets everything written from byte ``to`` on (a sample that failed half-way)."""
         if to >= self.flushed:
-            del self.buffer[to - self.flushed:]
+            kept = b"".join(self.pending)[: to - self.flushed]
+            self.pending = [kept] if kept else []
         else:
-            self.buffer.clear()
+            self.pending.clear()
             os.ftruncate(self.fd, to)
             os.lseek(self.fd, to, os.SEEK_SET)
             self.flushed = to
@@ -163,6 +176,15 @@ class _Output:
         os.close(self.fd)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    written = os.write(fd, data)
+    if written < len(data):
+        with memoryview(data) as view:
+            while written < len(data):
+                written += os.write(fd, view[written:])
+
+
+_ZEROS = bytes(BLOCK)
 _copy_way: list[str] = ["copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"]
 
 
@@ -210,19 +232,23 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
     out = _Output(part)
     starts: list[int] = []
     members: list[tuple[str, int, int]] = []
+    counts: list[int] = []  # members per written sample
     skipped: list[tuple[str, str]] = []
+    keys = _Keys()
     try:
         for sample in samples:
             key = sample.get("__key__")
-            source = str(sample.get("__source__", key))
-            start, kept = out.pos, len(members)
+            start, kept, last = out.pos, len(members), keys.last
             try:
-                _write_sample(out, sample, key, options, map_fn, members, skipped, source, checked)
+                _write_sample(out, sample, key, options, map_fn, members, skipped, checked, keys)
                 if len(members) > kept:
                     starts.append(start)
+                    counts.append(len(members) - kept)
             except Exception as exn:  # noqa: BLE001 (any failure of one sample: cut it out, then the handler decides)
+                source = str(sample.get("__source__", key))
                 out.cut_back(start)
                 del members[kept:]
+                keys.last = last
                 error = exn if isinstance(exn, ShardWriteError) else ShardWriteError(
                     f"{type(exn).__name__}: {exn}", shard=path, key=key if isinstance(key, str) else None,
                     source=source)
@@ -248,22 +274,51 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
         scan = ShardScan(path, len(starts), stamp[0], None)
     else:
         scan = ShardScan(path, len(starts), stamp[0], np.asarray(starts, dtype=np.int64),
-                         places=places_of_members(path, members, stamp))
+                         places=_places(path, members, counts, stamp, keys.plain))
     return ShardResult(shard, scan, len(starts), skipped)
 
 
+class _Keys:
+    """Whether the members written so far make places without a second look at their names:
+    every name checked (:func:`check_fields`) and each sample's key other than the one before."""
+
+    def __init__(self):
+        self.plain = True
+        self.last: object = None  # the key of the last sample written
+
+    def add(self, key: object, checked: bool) -> None:
+        self.plain = self.plain and checked and key != self.last
+        self.last = key
+
+
+def _places(path: str, members: list[tuple[str, int, int]], counts: list[int], stamp: tuple[int, int],
+            plain: bool) -> ShardPlaces:
+    """The shard's member places, as :func:`places_of_members` takes them from its members; built
+    straight from the members where their names were checked and keys change from sample to
+    sample (the same places: every name splits into its sample's key and a suffix of its own)."""
+    if not plain:
+        return places_of_members(path, members, stamp)
+    names, data, sizes = zip(*members) if members else ((), (), ())
+    return ShardPlaces(list(names), np.asarray(data, dtype=np.int64), np.asarray(sizes, dtype=np.int64),
+                       np.repeat(np.arange(len(counts), dtype=np.int64), counts), *stamp)
+
+
 def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, map_fn, members: list,
-                  skipped: list, source: str, checked: bool | None) -> None:
+                  skipped: list, checked: bool | None, keys: _Keys) -> None:
     if map_fn is not None:
         mapped = map_fn(_loaded(sample))
         if mapped is None:
-            skipped.append((source, "left out by the map function"))
+            skipped.append((str(sample.get("__source__", key)), "left out by the map function"))
             return
         sample, key = mapped, mapped.get("__key__", key)
     fields = [name for name in sample if not name.startswith("_")]
-    problem = check_fields(key, fields) if map_fn is not None or checked is None else None
+    check = map_fn is not None or checked is None
+    problem = check_fields(key, fields) if check else None
     if problem is not None:  # (the writer checked the input's names: only a map's output needs it)
-        raise ShardWriteError(problem, key=key if isinstance(key, str) else None, source=source)
+        raise ShardWriteError(problem, key=key if isinstance(key, str) else None,
+                              source=str(sample.get("__source__", key)))
+    keys.add(key, check or bool(checked))
+    mtime, mode = options.mtime, options.mode
     for suffix in fields:
         name = f"{key}.{suffix}"
         value = sample[suffix]
@@ -271,10 +326,10 @@ def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, 
             at, size = out.copy_file(name, value.path, options)
         else:
             data = encode_value(suffix, value, allow_pickle=options.allow_pickle)
-            out.write(member_header(name, len(data), mtime=options.mtime, mode=options.mode))
-            at, size = out.pos, len(data)
-            out.write(data)
-            out.write(padding(len(data)))
+            size = len(data)
+            header = member_header(name, size, mtime=mtime, mode=mode)
+            at = out.pos + len(header)
+            out.write(b"".join((header, data, padding(size))))
         members.append((name, at, size))
 
 

@@ -195,24 +195,28 @@ def _checked(samples: Iterable[dict], require: Sequence[str], handler: Handler,
     seen: set[str] = set()
     for sample in samples:
         key = sample.get("__key__")
-        source = str(sample.get("__source__", key))
         try:
             fields = [name for name in sample if not name.startswith("_")]
-            problem = "; ".join(sample[PROBLEMS]) if sample.get(PROBLEMS) else check_fields(key, fields)
-            missing = [name for name in require if name not in sample]
+            problems = sample.get(PROBLEMS)
+            problem = "; ".join(problems) if problems else check_fields(key, fields)
+            missing = [name for name in require if name not in sample] if require else None
             if problem is None and missing:
                 problem = f"the required field(s) {missing} are missing (it has {fields})"
             if problem is None and key in seen:
                 problem = "its key was seen before (keys must be unique: readers would merge or repeat them)"
             if problem is not None:
-                raise ShardWriteError(problem, key=key if isinstance(key, str) else None, source=source)
+                raise ShardWriteError(problem, key=key if isinstance(key, str) else None,
+                                      source=str(sample.get("__source__", key)))
             sizes = [(name, _size(sample[name])) for name in fields]
-            over = [(name, size) for name, size in sizes if max_field_bytes is not None and size > max_field_bytes]
-            if over:
-                raise ShardWriteError(f"field {over[0][0]!r} has {over[0][1]} bytes, over the limit of "
-                                      f"{max_field_bytes} (max_field_bytes)", key=key, source=source)
+            if max_field_bytes is not None:
+                over = [(name, size) for name, size in sizes if size > max_field_bytes]
+                if over:
+                    raise ShardWriteError(f"field {over[0][0]!r} has {over[0][1]} bytes, over the limit of "
+                                          f"{max_field_bytes} (max_field_bytes)", key=key,
+                                          source=str(sample.get("__source__", key)))
             cost = sample_cost(key, sizes)
         except (ShardWriteError, OSError) as exn:
+            source = str(sample.get("__source__", key))
             error = exn if isinstance(exn, ShardWriteError) else ShardWriteError(
                 f"{type(exn).__name__}: {exn}", key=key if isinstance(key, str) else None, source=source)
             handler(error)
