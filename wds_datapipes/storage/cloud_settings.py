@@ -35,6 +35,9 @@ SETTINGS_ENV = "WDS_STORE_SETTINGS"
 _INSTALL = "pip install 'wds-datapipes[cloud]'"
 # Option names whose values are secrets: they never go into StoreSettings.options.
 _SECRET_NAME = re.compile(r"secret|password|token|(^|_)key$|sas|credential", re.IGNORECASE)
+_ENDPOINT_ENV = {"s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"), "gs": ("GOOGLE_BASE_URL",),
+                 "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT")}
+_ALLOW_HTTP_ENV = {"s3": "AWS_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP"}
 _DEFAULT_TIMEOUT = timedelta(days=1)  # a whole slow GET; stalls are caught by read_timeout
 
 
@@ -138,7 +141,9 @@ def set_store_settings(prefix: str, settings: StoreSettings | None) -> None:
     ``"s3://bucket/train/"``; the longest prefix wins); None removes them. Written to
     ``$WDS_STORE_SETTINGS`` too, so that worker processes started later (fork or spawn) use
     them. Stores built before are not rebuilt: set these before the pipeline first reads."""
-    ObjectUrl.parse(prefix if "/" in prefix.partition("://")[2] else prefix.rstrip("/") + "/x/x")  # a known scheme
+    scheme, sep, _ = prefix.partition("://")
+    if not sep or scheme.lower() not in SCHEMES:
+        raise ValueError(f"a settings prefix starts with {', '.join(s + '://' for s in SCHEMES)}: got {prefix!r}")
     _sync_from_env()
     if settings is None:
         _settings.pop(prefix, None)
@@ -204,8 +209,10 @@ def build_store(scheme: str, bucket: str, settings: StoreSettings, limits: Limit
     if settings.anonymous:
         config["skip_signature"] = True
     allow_http = settings.allow_http
-    if allow_http is None and (settings.endpoint or "").startswith("http://"):
-        allow_http = True
+    if allow_http is None:  # client options given replace obstore's reading of *_ALLOW_HTTP: read it here
+        endpoint = settings.endpoint or next((os.environ[v] for v in _ENDPOINT_ENV[scheme] if v in os.environ), "")
+        allow_http = endpoint.startswith("http://") or os.environ.get(_ALLOW_HTTP_ENV[scheme], "").lower() in (
+            "1", "true", "yes")
     client: dict[str, Any] = {"timeout": _DEFAULT_TIMEOUT, "connect_timeout": timedelta(seconds=5)}
     if limits.http_timeout:
         client["read_timeout"] = timedelta(seconds=limits.http_timeout)
@@ -228,12 +235,16 @@ def _provider(spec: str | None):
 
 
 _stores: dict[tuple, Any] = {}
+# The variables a store reads where it is built: a store is built again when they change.
+_ENV_PREFIXES = {"s3": ("AWS_",), "gs": ("GOOGLE_", "STORAGE_EMULATOR"), "az": ("AZURE_",)}
 
 
 def store_for(scheme: str, bucket: str, settings: StoreSettings, limits: Limits):
-    """The store of this process for (bucket, settings, timeouts): one per process id, so a
-    forked child never uses its parent's (a store is built where it is used)."""
-    key = (os.getpid(), scheme, bucket, settings, limits.http_timeout, limits.http_retries)
+    """The store of this process for (bucket, settings, timeouts, the cloud's environment
+    variables): one per process id, so a forked child never uses its parent's (a store is
+    built where it is used); the variables are kept as a hash, never their values."""
+    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES[scheme])))
+    key = (os.getpid(), scheme, bucket, settings, limits.http_timeout, limits.http_retries, hash(environment))
     store = _stores.get(key)
     if store is None:
         if any(k[0] != key[0] for k in _stores):

@@ -37,6 +37,7 @@ from .store_calls import (
     DENIED,
     MISSING_BUCKET,
     MISSING_OBJECT,
+    PAST_END,
     TRANSIENT,
     StoreFailure,
     Target,
@@ -117,7 +118,15 @@ class ObjectStream(ResumingStream):
     def _request(self, offset: int) -> Opened:
         if self._size is not None and offset >= self._size:
             return Opened(None, offset, self._size, self._version)
-        meta, chunks = calls().get(self._target, self.object.key, offset, self._version)
+        try:
+            meta, chunks = calls().get(self._target, self.object.key, offset, self._version)
+        except StoreFailure as failure:
+            if failure.kind != PAST_END:
+                raise
+            meta = calls().head(self._target, self.object.key)  # a start at the very end: nothing left
+            if offset != meta.get("size"):
+                raise ShardOpenError(self.url, f"byte {offset} is past the object's end ({meta.get('size')} bytes)")
+            return Opened(None, offset, meta.get("size"), _version(meta))
         first = meta.get("range_start")
         return Opened(_Chunks(chunks), first if first is not None else offset, meta.get("size"), _version(meta),
                       about=f"bytes {first}-")

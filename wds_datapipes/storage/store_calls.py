@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -29,9 +30,10 @@ from ..limits import Limits
 from .cloud_settings import StoreSettings, obstore_module, store_for
 
 # What a failure was, as the back end reports it.
-MISSING_OBJECT, MISSING_BUCKET, DENIED, CREDENTIALS, CHANGED, TRANSIENT = (
+MISSING_OBJECT, MISSING_BUCKET, DENIED, CREDENTIALS, CHANGED, PAST_END, REFUSED, TRANSIENT = (
     "missing object", "missing bucket", "access denied", "missing or rejected credentials",
-    "the object changed", "transient")
+    "the object changed", "range past the end", "request refused", "transient")
+_CLIENT_ERROR = re.compile(r"status code: (4\d\d)")
 
 
 class StoreFailure(Exception):
@@ -46,7 +48,10 @@ class StoreFailure(Exception):
 
 
 _BUCKET_MISSING = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "specified bucket does not exist")
-_NO_CREDENTIALS = ("169.254.169.254", "metadata", "credential", "NoCredentials", "token")
+# A credential lookup that failed: the instance metadata service (its token or its
+# credentials path), a key missing from the environment, a credentials file.
+_NO_CREDENTIALS = ("/latest/api/token", "/latest/meta-data/iam", "missing accesskeyid", "missing secretaccesskey",
+                   "credential", "metadata endpoint", "missing account", "service account")
 
 
 def classify(exn: BaseException) -> StoreFailure:
@@ -59,7 +64,7 @@ def classify(exn: BaseException) -> StoreFailure:
     if isinstance(exn, StoreFailure):
         return exn
     name = type(exn).__name__
-    message = redact(str(exn).split("\n\nDebug source:", 1)[0].strip())[:600]
+    message = " ".join(redact(str(exn).split("\n\nDebug source:", 1)[0]).split())[:600]
     text = str(exn)
     lower = text.lower()
     if name == "PreconditionError":
@@ -72,12 +77,15 @@ def classify(exn: BaseException) -> StoreFailure:
         return StoreFailure(MISSING_BUCKET, message)
     if isinstance(exn, FileNotFoundError) or name == "NotFoundError":
         return StoreFailure(MISSING_OBJECT, message)
-    if name == "GenericError" and any(word.lower() in lower for word in _NO_CREDENTIALS) and "api/token" in lower:
-        return StoreFailure(CREDENTIALS, message)
-    if name == "GenericError" and ("credential" in lower or "metadata endpoint" in lower):
+    if name == "GenericError" and any(word in lower for word in _NO_CREDENTIALS):
         return StoreFailure(CREDENTIALS, message)
     if isinstance(exn, ImportError):
         raise exn
+    status = _CLIENT_ERROR.search(text)
+    if status and status.group(1) == "416":
+        return StoreFailure(PAST_END, message)
+    if status and status.group(1) not in ("408", "429"):  # the server refuses: asking again changes nothing
+        return StoreFailure(REFUSED, message)
     return StoreFailure(TRANSIENT, f"{name}: {message}")
 
 
