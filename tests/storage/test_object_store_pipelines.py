@@ -197,3 +197,18 @@ def test_an_index_with_places_stamps_objects_and_a_changed_object_is_a_mismatch(
     store.put(bucket, "i/shard-1.tar", shard_bytes("i1", 13))  # another size
     with pytest.raises(IndexMismatchError, match="shard-1.tar"):
         list(wd.ExactEpochs(path, batch_size=1, shuffle=False))
+
+
+def test_plain_webdataset_reads_and_writes_object_urls_through_the_back_end(store, tmp_path):
+    """Oracle: the samples webdataset's own TarWriter wrote, read back by webdataset's own reader."""
+    import webdataset as wds
+
+    bucket = store.new_bucket()
+    assert wd.register_with_webdataset()
+    pattern = store.url(bucket, "wds/shard-%02d.tar")
+    with wds.ShardWriter(pattern, maxcount=7) as sink:
+        for i in range(20):
+            sink.write({"__key__": f"k{i:03d}", "cls": str(i).encode()})
+    urls = [store.url(bucket, f"wds/shard-{n:02d}.tar") for n in range(3)]
+    got = [(s["__key__"], s["cls"]) for s in wds.WebDataset(urls, shardshuffle=False)]
+    assert got == [(f"k{i:03d}", str(i).encode()) for i in range(20)]
