@@ -172,7 +172,7 @@ def _store(target: Target):
     return store_for(target.scheme, target.bucket, target.settings, target.limits)
 
 
-_CHUNK = 1 << 20  # the least a stream chunk holds (fewer, larger copies into the reader)
+_CHUNK = 256 << 10  # the least a stream chunk holds: 256 KiB read 0.86-1.6x plain HTTP here, 1 MiB 0.56-0.64x
 _PART = 8 << 20  # multipart upload part size
 _runtime_pid: int | None = None  # the process whose obstore runtime has started (a fork copies this)
 
