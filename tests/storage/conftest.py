@@ -82,3 +82,10 @@ def shard_bytes(name: str, n: int, size: int = 1000) -> bytes:
             writer.write({"__key__": f"{name}-{i:04d}", "cls": str(i).encode(),
                           "bin": bytes((i + j) % 251 for j in range(size))})
     return out.getvalue()
+
+
+def provided_credentials() -> object:
+    """A credential provider for ``StoreSettings(credential_provider="conftest:provided_credentials")``:
+    keys that AIStore's /s3 (auth off) accepts, given by a function, not by the environment."""
+    return lambda: {"access_key_id": "from-provider", "secret_access_key": "provider-secret", "token": None,
+                    "expires_at": None}

@@ -231,3 +231,21 @@ def test_the_index_and_verify_commands_take_an_object_glob(store, tmp_path):
     store.put(bucket, "v/shard-2.tar", shard_bytes("v2", 9))
     failed = subprocess.run([*command, "verify", index], check=False, timeout=120, capture_output=True, text=True)
     assert failed.returncode == 1 and "shard-2.tar" in failed.stdout + failed.stderr
+
+
+def test_a_credential_provider_named_in_settings_gives_the_keys(s3_server, monkeypatch):
+    """No key in the environment: the settings name a ``module:function`` whose provider gives them."""
+    configured(s3_server, monkeypatch)
+    bucket = s3_server.new_bucket()
+    s3_server.put(bucket, "p.tar", b"provided")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    settings_ = StoreSettings(endpoint=s3_server.endpoint, region="us-east-1", path_style=True,
+                              credential_provider="conftest:provided_credentials")
+    cloud_settings.set_store_settings(f"s3://{bucket}", settings_)
+    try:
+        with open_shard(f"s3://{bucket}/p.tar") as stream:
+            assert stream.read() == b"provided"
+        assert "provider-secret" not in os.environ[cloud_settings.SETTINGS_ENV] + repr(settings_)
+    finally:
+        cloud_settings.set_store_settings(f"s3://{bucket}", None)
