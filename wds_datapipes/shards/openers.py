@@ -26,7 +26,7 @@ from typing import BinaryIO
 
 from ..errors import ShardOpenError, WdsError, shard_error
 from ..limits import Limits, get_limits
-from ..storage.backend import Backend
+from ..storage.backend import SHARD_SUFFIXES, Backend
 from ..storage.resuming import content_range, skip
 from .commands import CommandStream
 from .files import publish, unlink
@@ -313,7 +313,6 @@ def _open_http(url: str, start: int = 0, limits: Limits | None = None) -> Binary
     return HttpStream(url, start, limits)
 
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tzst")
 _GLOB_CHARS = frozenset("*?[")
 
 
