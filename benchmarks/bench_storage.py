@@ -190,11 +190,14 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=24, help="shards of 2-4 MB")
     parser.add_argument("--big", type=int, default=3, help="shards of 64 MB")
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-bench-storage"))
+    parser.add_argument("--bucket", default="bench-storage", help="the bucket to put the shards in (deleted at the end)")
     parser.add_argument("--s3fs-python", help="a python that can import s3fs (its own venv)")
     parser.add_argument("--no-clients", dest="clients", action="store_false")
     parser.add_argument("--no-pipelines", dest="pipelines", action="store_false")
     parser.add_argument("--no-listing", dest="listing", action="store_false")
     args = parser.parse_args()
+    global BUCKET, TINY_BUCKET
+    BUCKET, TINY_BUCKET = args.bucket, f"{args.bucket}-tiny"
     for name in ("http_proxy", "HTTP_PROXY"):
         os.environ.pop(name, None)
     with cluster_endpoint() as endpoint:
