@@ -1,7 +1,7 @@
 """Object stores: ours over s3://, http:// and ais:// against each other and webdataset, on the
 same objects of one AIStore cluster, in one run (``make bench-storage``).
 
-    python benchmarks/bench_storage.py [--rounds 5] [--small 24] [--big 3] [--no-clients]
+    python benchmarks/bench_storage.py [--rounds 5] [--small 24] [--big 4] [--no-clients]
                                        [--no-pipelines] [--no-listing] [--s3fs-python PATH]
 
 Uses ``$AIS_ENDPOINT``, else the cluster of ``python -m aisio.cluster start``, else starts
@@ -188,7 +188,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--small", type=int, default=24, help="shards of 2-4 MB")
-    parser.add_argument("--big", type=int, default=3, help="shards of 64 MB")
+    parser.add_argument("--big", type=int, default=4, help="shards of 64 MB (a multiple of the 2 workers)")
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-bench-storage"))
     parser.add_argument("--bucket", default="bench-storage", help="the bucket to put the shards in (deleted at the end)")
     parser.add_argument("--s3fs-python", help="a python that can import s3fs (its own venv)")

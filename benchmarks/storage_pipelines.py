@@ -124,7 +124,7 @@ def _ratios(table: dict[str, dict[str, float]]) -> None:
             cells = "".join(f"{table[s][a] / table[s][b]:8.2f}" for s in ("2-4 MB", "64 MB"))
             print(f"  {label:38}{cells}   {target}")
         else:
-            print(f"  {label:38}   (not measured: {NO_S3 or 'a row is missing'})")
+            print(f"  {label:38}   (not measured: {'s3:// back end not available' if NO_S3 else 'a row is missing'})")
 
 
 def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int) -> None:
