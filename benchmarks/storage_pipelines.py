@@ -40,9 +40,17 @@ def s3_environment(endpoint: str) -> None:
 
 def s3_missing() -> str:
     """Why our s3:// rows cannot run here, or "" where they can."""
-    try:
-        from wds_datapipes.shards.openers import backend_for
+    from wds_datapipes.shards.openers import backend_for, register_backend
 
+    try:
+        backend_for("s3://bucket/key.tar")
+        return ""
+    except wd.ShardOpenError:  # no s3 entry point: an editable install older than the back end?
+        pass
+    try:
+        from wds_datapipes.storage.object_store import S3
+
+        register_backend(S3)  # forked DataLoader workers inherit the registry
         backend_for("s3://bucket/key.tar")
     except Exception as exn:  # noqa: BLE001 - any failure means: no back end
         return f"back end not available ({type(exn).__name__}: {str(exn)[:100]})"
