@@ -17,7 +17,7 @@ import requests
 import urllib3.exceptions
 from aistore.sdk.errors import AISError, ErrBckNotFound, ErrETLNotFound, ErrObjNotFound
 
-from wds_datapipes.errors import ShardOpenError, WdsError
+from wds_datapipes.errors import ShardReadError, WdsError
 
 from .client import AISUrl
 
@@ -47,12 +47,17 @@ class NoAnswer(Exception):
         super().__init__(f"no answer from {node}: {why}")
 
 
-class AISReadError(ShardOpenError):
+class AISReadError(ShardReadError):
     """An object's stream broke and could not be resumed (its url, and the byte offset reached)."""
 
-    def __init__(self, url: str, offset: int | None = None, reason: str | None = None):
-        self.offset = offset
-        super().__init__(url, f"at byte {offset}: {reason}" if reason is not None else None)
+    def __init__(self, url: str, *where):
+        """``AISReadError(url, offset, reason)``, or ShardReadError's ``(url, member, offset, reason)``
+        (the tar reader adds the member), or one ready message."""
+        member, offset, reason = where[:3] if len(where) >= 3 else (None, *(*where, None, None)[:2])
+        if reason is None:  # one ready message
+            super().__init__(url)
+            return
+        super().__init__(url, member, offset, reason)
 
 
 class UploadError(WdsError):

@@ -45,6 +45,7 @@ from .shards.grouping import WebDatasetGrouper, split_key
 from .shards.listing import ShardListBase, ShardLister
 from .shards.openers import open_shard, register_opener
 from .shards.tar_loader import TarLoader
+from .shards.wds_gopen import register_with_webdataset
 from .topology import Topology
 
 _moved.install()  # the flat layout's module paths (wds_datapipes.tar_reader, ...) keep working
@@ -109,6 +110,7 @@ __all__ = [
     "keep_freed_memory",
     "open_shard",
     "register_opener",
+    "register_with_webdataset",
     "reraise_exception",
     "scan_shard",
     "set_cache",

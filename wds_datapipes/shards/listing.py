@@ -11,6 +11,7 @@ from braceexpand import braceexpand
 
 from ..errors import NoShardsError
 from ..pipe_base import Pipe
+from ..storage.backend import SHARD_SUFFIXES
 from ..topology import EpochSeed, ShardingRecord
 from ..torch_datapipes import (
     SHARDING_PRIORITIES,
@@ -20,7 +21,6 @@ from ..torch_datapipes import (
 )
 from .openers import LocalPath, local_path, url_scheme
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tzst")
 _GLOB_CHARS = frozenset("*?[")
 _VARIABLE = re.compile(r"\$\{(\w+)\}")
 

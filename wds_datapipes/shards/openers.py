@@ -25,6 +25,7 @@ from typing import BinaryIO
 from ..errors import ShardOpenError, ShardReadError, WdsError, shard_error
 from ..limits import Limits, get_limits
 from ..storage.backend import Backend
+from ..storage.resuming import content_range, skip
 from .http_stream import HttpStream
 
 # opener(url) -> stream, or opener(url, start=n) -> stream positioned at byte n.
@@ -195,11 +196,8 @@ def _skip(stream: BinaryIO, count: int, url: str) -> None:
     if seekable is not None and seekable():
         stream.seek(count, os.SEEK_CUR)
         return
-    while count > 0:
-        chunk = stream.read(min(count, 1 << 20))
-        if not chunk:
-            raise ShardOpenError(url, f"the stream ends before byte {count} that the read starts at")
-        count -= len(chunk)
+    if skip(stream, count):
+        raise ShardOpenError(url, f"the stream ends before byte {count} that the read starts at")
 
 
 def stream_size(stream: BinaryIO) -> int | None:
@@ -221,9 +219,9 @@ def stream_size(stream: BinaryIO) -> int | None:
 def _headers_stamp(headers) -> tuple[int | None, str | None]:
     """(size, version) as HTTP headers say them: the whole object's size (a Content-Range's
     total, else the Content-Length), its ETag or Last-Modified."""
-    whole = (headers.get("Content-Range") or "").rpartition("/")[2]
-    length = whole if whole.isdigit() else headers.get("Content-Length")
-    size = int(length) if length is not None and str(length).isdigit() else None
+    whole = content_range(headers.get("Content-Range"))[2]
+    length = headers.get("Content-Length")
+    size = whole if whole is not None else int(length) if length is not None and str(length).isdigit() else None
     return size, headers.get("ETag") or headers.get("Last-Modified")
 
 

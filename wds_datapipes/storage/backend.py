@@ -29,6 +29,9 @@ Stamp = Callable[..., "tuple[int | None, str | None] | None"]
 List = Callable[..., Iterator[str]]
 Put = Callable[..., "str | None"]
 
+# What a shard's name ends with: a directory or a prefix lists these.
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tzst")
+
 
 @dataclass(frozen=True)
 class Backend:

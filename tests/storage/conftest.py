@@ -1,0 +1,84 @@
+"""The object-store back ends' tests: each store (``object_server``, tests/server_fixtures.py)
+with its standard environment variables set, and the ``wds_datapipes.backends`` entry
+points of this tree visible to this process and to the workers it starts."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+import webdataset as wds
+
+from wds_datapipes.storage import cloud_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUP = "wds_datapipes.backends"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def backends_entry_points(tmp_path_factory):
+    """Where the installed package's metadata predates the ``s3``/``gs``/``az`` entry points (an
+    editable install made before they were added), a distribution of the tests' own declares
+    them, read from this tree's pyproject.toml, on ``sys.path`` and ``$PYTHONPATH`` (spawned
+    workers): the back ends are then found the way an installed package finds them."""
+    if entry_points(group=GROUP, name="s3"):
+        yield
+        return
+    declared = _declared_entry_points()
+    folder = tmp_path_factory.mktemp("entry-points")
+    info = folder / "wds_datapipes_tree_backends-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: wds-datapipes-tree-backends\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[{GROUP}]\n" + "".join(f"{k} = {v}\n" for k, v in declared.items()))
+    sys.path.append(str(folder))
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (before, str(folder)) if p)
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def _declared_entry_points() -> dict[str, str]:
+    """The ``[project.entry-points."wds_datapipes.backends"]`` table of pyproject.toml (name = "target")."""
+    section, found = None, {}
+    for line in (ROOT / "pyproject.toml").read_text().splitlines():
+        if line.startswith("["):
+            section = line.strip()
+        elif section == f'[project.entry-points."{GROUP}"]' and "=" in line:
+            name, _, target = line.partition("=")
+            found[name.strip()] = target.strip().strip('"')
+    return found
+
+
+@pytest.fixture
+def store(object_server, monkeypatch):
+    """``object_server`` with its standard variables in the environment and no settings in code."""
+    return configured(object_server, monkeypatch)
+
+
+def configured(server, monkeypatch):
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(cloud_settings.SETTINGS_ENV, raising=False)
+    monkeypatch.setattr(cloud_settings, "_settings", {})
+    monkeypatch.setattr(cloud_settings, "_loaded_env", None)
+    return server
+
+
+def shard_bytes(name: str, n: int, size: int = 1000) -> bytes:
+    """A tar shard of ``n`` samples ``{name}-{i}`` (a ``cls`` and a ``bin`` of ``size`` bytes)."""
+    out = io.BytesIO()
+    with wds.TarWriter(out) as writer:
+        for i in range(n):
+            writer.write({"__key__": f"{name}-{i:04d}", "cls": str(i).encode(),
+                          "bin": bytes((i + j) % 251 for j in range(size))})
+    return out.getvalue()

@@ -1,0 +1,253 @@
+"""Object-store URLs (``s3://``, ``gs://``, ``az://``), their settings, and the stores built from them.
+
+A URL names a bucket (Azure: a container) and a key: ``s3://bucket/train/shard-000.tar``.
+Everything else comes from each cloud's standard environment, read by obstore in the
+process that builds the store: ``AWS_*`` (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_REGION``, ``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``, ...), ``GOOGLE_*``
+(``GOOGLE_SERVICE_ACCOUNT``, ``GOOGLE_APPLICATION_CREDENTIALS``, ...), ``AZURE_*``
+(``AZURE_STORAGE_ACCOUNT_NAME``, ``AZURE_STORAGE_ACCOUNT_KEY``, ...), and instance metadata.
+
+:class:`StoreSettings` overrides that in code, for every URL under a prefix
+(:func:`set_store_settings`): an endpoint (an S3-compatible server such as AIStore's
+``/s3``), path-style addressing, a region, and where the credentials are, never the
+credentials themselves: it names environment variables, or a ``module:function`` that
+returns an obstore credential provider. Settings therefore pickle, print and log without a
+secret, and reach DataLoader workers started by fork or by spawn through the environment
+variable ``WDS_STORE_SETTINGS`` (JSON, written by :func:`set_store_settings`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from ..errors import ShardOpenError
+from ..limits import Limits
+
+SCHEMES = ("s3", "gs", "az")
+SETTINGS_ENV = "WDS_STORE_SETTINGS"
+_INSTALL = "pip install 'wds-datapipes[cloud]'"
+# Option names whose values are secrets: they never go into StoreSettings.options.
+_SECRET_NAME = re.compile(r"secret|password|token|(^|_)key$|sas|credential", re.IGNORECASE)
+_ENDPOINT_ENV = {"s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"), "gs": ("GOOGLE_BASE_URL",),
+                 "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT")}
+_ALLOW_HTTP_ENV = {"s3": "AWS_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP"}
+_DEFAULT_TIMEOUT = timedelta(days=1)  # a whole slow GET; stalls are caught by read_timeout
+
+
+@dataclass(frozen=True)
+class ObjectUrl:
+    """``scheme://bucket/key`` taken apart (the key may be empty: a bucket, or a prefix)."""
+
+    scheme: str
+    bucket: str
+    key: str
+
+    @classmethod
+    def parse(cls, url: str) -> ObjectUrl:
+        """The parts of ``url``; a URL of another scheme or without a bucket raises ShardOpenError."""
+        head, sep, rest = str(url).partition("://")
+        scheme = head.lower()
+        if not sep or scheme not in SCHEMES:
+            raise ShardOpenError(url, f"not an object-store URL (schemes: {', '.join(SCHEMES)})")
+        bucket, _, key = rest.partition("/")
+        if not bucket:
+            raise ShardOpenError(url, "the URL names no bucket (scheme://bucket/key)")
+        return cls(scheme, bucket, key)
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.bucket}/{self.key}"
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """How to reach the objects under a URL prefix, beyond the cloud's standard environment.
+
+    Holds no secret (it is pickled to workers and shown in errors): credentials are named,
+    never given.
+
+    Attributes:
+        endpoint: the server's URL, for S3-compatible servers (AIStore:
+            ``http://HOST:PORT/s3``, MinIO, Ceph), GCS (its base URL) or Azure.
+        region: the S3 region (AIStore accepts any; ``us-east-1``).
+        path_style: S3 only: ``True`` asks ``endpoint/bucket/key`` (AIStore, MinIO),
+            ``False`` ``bucket.endpoint/key``; None: obstore's default (path style unless
+            ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST`` says otherwise).
+        allow_http: plain ``http://`` endpoints; None: allowed where ``endpoint`` is one.
+        anonymous: unsigned requests (public buckets; servers with auth off).
+        credentials_env: store option -> environment variable holding its value, read in
+            each process that builds a store: ``{"access_key_id": "MY_KEY_ID",
+            "secret_access_key": "MY_SECRET"}``.
+        credential_provider: ``"module:function"``; ``function()`` returns an obstore
+            credential provider (for instance ``obstore.auth.boto3.Boto3CredentialProvider``
+            over a profile), called in each process that builds a store.
+        options: further store options that are not secrets (``{"request_payer": "true"}``);
+            a name that looks like a secret's is refused.
+    """
+
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool | None = None
+    allow_http: bool | None = None
+    anonymous: bool = False
+    credentials_env: tuple[tuple[str, str], ...] = ()
+    credential_provider: str | None = None
+    options: tuple[tuple[str, str], ...] = ()
+
+    def __init__(self, endpoint: str | None = None, region: str | None = None, path_style: bool | None = None,
+                 allow_http: bool | None = None, anonymous: bool = False,
+                 credentials_env: dict[str, str] | tuple = (), credential_provider: str | None = None,
+                 options: dict[str, str] | tuple = ()):
+        values = {"endpoint": endpoint, "region": region, "path_style": path_style, "allow_http": allow_http,
+                  "anonymous": bool(anonymous), "credential_provider": credential_provider,
+                  "credentials_env": _pairs(credentials_env), "options": _pairs(options)}
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        if endpoint is not None and ("@" in endpoint.partition("://")[2].partition("/")[0] or "?" in endpoint):
+            raise ValueError("StoreSettings.endpoint must not carry credentials (user:password@ or a query)")
+        for name, _ in self.options:
+            if _SECRET_NAME.search(name):
+                raise ValueError(f"StoreSettings.options must not hold secrets ({name!r}): name the environment "
+                                 "variable in credentials_env, or give a credential_provider")
+        if credential_provider is not None and ":" not in credential_provider:
+            raise ValueError(f"credential_provider is 'module:function', got {credential_provider!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as JSON values (what ``WDS_STORE_SETTINGS`` holds)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StoreSettings:
+        return cls(**{k: (tuple(map(tuple, v)) if isinstance(v, list) else v) for k, v in data.items()})
+
+
+def _pairs(value: dict[str, str] | tuple) -> tuple[tuple[str, str], ...]:
+    items = value.items() if isinstance(value, dict) else value
+    return tuple(sorted((str(k), str(v)) for k, v in items))
+
+
+_settings: dict[str, StoreSettings] = {}
+_loaded_env: str | None = None
+
+
+def set_store_settings(prefix: str, settings: StoreSettings | None) -> None:
+    """Use ``settings`` for every URL that starts with ``prefix`` (``"s3://"``, ``"s3://bucket"``,
+    ``"s3://bucket/train/"``; the longest prefix wins); None removes them. Written to
+    ``$WDS_STORE_SETTINGS`` too, so that worker processes started later (fork or spawn) use
+    them. Stores built before are not rebuilt: set these before the pipeline first reads."""
+    scheme, sep, _ = prefix.partition("://")
+    if not sep or scheme.lower() not in SCHEMES:
+        raise ValueError(f"a settings prefix starts with {', '.join(s + '://' for s in SCHEMES)}: got {prefix!r}")
+    _sync_from_env()
+    if settings is None:
+        _settings.pop(prefix, None)
+    else:
+        _settings[prefix] = settings
+    global _loaded_env
+    _loaded_env = json.dumps({p: s.to_json() for p, s in sorted(_settings.items())})
+    if _settings:
+        os.environ[SETTINGS_ENV] = _loaded_env
+    else:
+        os.environ.pop(SETTINGS_ENV, None)
+
+
+def settings_for(url: str) -> StoreSettings:
+    """The settings for ``url``: those of the longest prefix set, else the defaults."""
+    _sync_from_env()
+    best = max((p for p in _settings if str(url).startswith(p)), key=len, default=None)
+    return _settings[best] if best is not None else StoreSettings()
+
+
+def _sync_from_env() -> None:
+    """Reads ``$WDS_STORE_SETTINGS`` when it changed (a spawned worker's first look)."""
+    global _loaded_env
+    raw = os.environ.get(SETTINGS_ENV)
+    if raw == _loaded_env:
+        return
+    _settings.clear()
+    if raw:
+        try:
+            _settings.update({p: StoreSettings.from_json(s) for p, s in json.loads(raw).items()})
+        except (ValueError, TypeError) as exn:
+            raise ValueError(f"${SETTINGS_ENV} is not what set_store_settings writes: {exn}") from None
+    _loaded_env = raw
+
+
+def obstore_module():
+    """obstore, imported; a clear ImportError naming the extra where it is missing."""
+    try:
+        return importlib.import_module("obstore")
+    except ImportError as exn:
+        raise ImportError(f"s3://, gs:// and az:// URLs need obstore: {_INSTALL}") from exn
+
+
+def build_store(scheme: str, bucket: str, settings: StoreSettings, limits: Limits):
+    """A new obstore store for ``bucket``: the environment's configuration, then ``settings``.
+
+    obstore's own retries are kept few and short (``Limits.http_retries``, within
+    ``http_timeout``): the resuming stream above keeps the budget for reads."""
+    obstore_module()
+    store_module = importlib.import_module("obstore.store")
+    config: dict[str, Any] = dict(settings.options)
+    for option, variable in settings.credentials_env:
+        value = os.environ.get(variable)
+        if value is None:
+            raise ShardOpenError(f"{scheme}://{bucket}", f"missing credentials: ${variable} (for {option}) is not set")
+        config[option] = value
+    if settings.endpoint is not None:
+        config["base_url" if scheme == "gs" else "endpoint"] = settings.endpoint
+    if scheme == "s3" and settings.region is not None:
+        config["region"] = settings.region
+    if scheme == "s3" and settings.path_style is not None:
+        config["virtual_hosted_style_request"] = not settings.path_style
+    if settings.anonymous:
+        config["skip_signature"] = True
+    allow_http = settings.allow_http
+    if allow_http is None:  # client options given replace obstore's reading of *_ALLOW_HTTP: read it here
+        endpoint = settings.endpoint or next((os.environ[v] for v in _ENDPOINT_ENV[scheme] if v in os.environ), "")
+        allow_http = endpoint.startswith("http://") or os.environ.get(_ALLOW_HTTP_ENV[scheme], "").lower() in (
+            "1", "true", "yes")
+    client: dict[str, Any] = {"timeout": _DEFAULT_TIMEOUT, "connect_timeout": timedelta(seconds=5)}
+    if limits.http_timeout:
+        client["read_timeout"] = timedelta(seconds=limits.http_timeout)
+    if allow_http:
+        client["allow_http"] = True
+    retry = {"max_retries": min(2, limits.http_retries),
+             "retry_timeout": timedelta(seconds=max(1.0, min(limits.http_timeout or 30.0, 30.0))),
+             "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2)}}
+    provider = _provider(settings.credential_provider)
+    cls = {"s3": store_module.S3Store, "gs": store_module.GCSStore, "az": store_module.AzureStore}[scheme]
+    extra = {"credential_provider": provider} if provider is not None else {}
+    return cls(bucket, config=config, client_options=client, retry_config=retry, **extra)
+
+
+def _provider(spec: str | None):
+    if spec is None:
+        return None
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)()
+
+
+_stores: dict[tuple, Any] = {}
+# The variables a store reads where it is built: a store is built again when they change.
+_ENV_PREFIXES = {"s3": ("AWS_",), "gs": ("GOOGLE_", "STORAGE_EMULATOR"), "az": ("AZURE_",)}
+
+
+def store_for(scheme: str, bucket: str, settings: StoreSettings, limits: Limits):
+    """The store of this process for (bucket, settings, timeouts, the cloud's environment
+    variables): one per process id, so a forked child never uses its parent's (a store is
+    built where it is used); the variables are kept as a hash, never their values."""
+    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES[scheme])))
+    key = (os.getpid(), scheme, bucket, settings, limits.http_timeout, limits.http_retries, hash(environment))
+    store = _stores.get(key)
+    if store is None:
+        if any(k[0] != key[0] for k in _stores):
+            _stores.clear()  # the parent's stores, copied by a fork: never used here
+        store = _stores[key] = build_store(scheme, bucket, settings, limits)
+    return store

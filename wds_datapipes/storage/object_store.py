@@ -1,0 +1,245 @@
+"""``s3://``, ``gs://`` and ``az://`` shards through obstore: open from a byte, stamp, list, put.
+
+The back-end records :data:`S3`, :data:`GCS` and :data:`AZURE` are registered lazily
+through the ``wds_datapipes.backends`` entry points, so DataLoader workers find them with
+no import. Each needs the optional ``obstore`` (``pip install 'wds-datapipes[cloud]'``).
+Where a store is built, its settings and its credentials: :mod:`.cloud_settings`; how
+the calls stay safe across ``fork``: :mod:`.store_calls`.
+
+- ``open``: an :class:`ObjectStream` streams the object from any byte (a Range GET), and
+  resumes at the exact byte after a reset, a 5xx or a stall (the shared
+  :class:`~wds_datapipes.storage.resuming.ResumingStream`), pinned to the first answer's
+  ETag (``If-Match``, and the ETag of every later answer compared): a changed object is
+  a :class:`~wds_datapipes.errors.ShardReadError` saying so, never a spliced stream.
+- ``stamp``: (size, version) by a HEAD; ``list``: globs and prefixes, page by page, in the
+  store's key order; ``put``: a local file uploaded whole or not at all (multipart).
+
+A missing object, a missing bucket, denied access and missing credentials are each a
+:class:`~wds_datapipes.errors.ShardOpenError` of their own words, raised when the shard
+is opened (before its first sample), never retried and never called a corrupt shard.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import ShardOpenError, ShardWriteError
+from ..limits import Limits, get_limits
+from .backend import SHARD_SUFFIXES, Backend
+from .cloud_settings import ObjectUrl, settings_for
+from .resuming import Opened, ResumingStream
+from .retry import RetryPolicy
+from .store_calls import (
+    CHANGED,
+    CREDENTIALS,
+    DENIED,
+    MISSING_BUCKET,
+    MISSING_OBJECT,
+    PAST_END,
+    TRANSIENT,
+    StoreFailure,
+    Target,
+    calls,
+)
+
+LIST_PAGE_SIZE = 1000  # objects per listing request (S3's most)
+_GLOB_CHARS = frozenset("*?[")
+
+_CREDENTIAL_HINTS = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE through a credential_provider)",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or a SAS token)",
+}
+
+
+def _target(obj: ObjectUrl, limits: Limits | None) -> Target:
+    return Target(obj.scheme, obj.bucket, settings_for(str(obj)), limits or get_limits())
+
+
+def explain(failure: StoreFailure, obj: ObjectUrl) -> str:
+    """Words for a failed call on ``obj``: what is wrong first, then the server's message."""
+    where = f"{obj.scheme}://{obj.bucket}"
+    words = {
+        MISSING_OBJECT: f"the object {obj.key!r} does not exist in {where}",
+        MISSING_BUCKET: f"the bucket {where} does not exist",
+        DENIED: f"access denied to {obj} (the credentials lack the permission)",
+        CREDENTIALS: f"no usable credentials for {where}: set {_CREDENTIAL_HINTS[obj.scheme]}, or name them in "
+                     "StoreSettings (docs/storage.md)",
+        CHANGED: f"the object {obj} changed while it was read (its ETag no longer matches)",
+    }.get(failure.kind, f"{failure.kind} failure")
+    return f"{words} ({failure.message})"
+
+
+class _Chunks:
+    """An obstore GET body (an iterator of buffers) as ``readinto`` / ``read`` / ``close``."""
+
+    def __init__(self, chunks: Iterator):
+        self._chunks = chunks
+        self._view = memoryview(b"")
+
+    def readinto(self, view: memoryview) -> int:
+        if not len(self._view):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._view = memoryview(chunk).cast("B")
+        n = min(len(view), len(self._view))
+        view[:n] = self._view[:n]
+        self._view = self._view[n:]
+        return n
+
+    def read(self, size: int) -> bytes:
+        buffer = bytearray(size)
+        n = self.readinto(memoryview(buffer))
+        return bytes(buffer[:n])
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+
+
+class ObjectStream(ResumingStream):
+    """One object of an object store, read sequentially from byte ``start``.
+
+    ``size`` and ``version`` (the ETag, else the store's version or generation) are the
+    first answer's; every later request asks ``If-Match`` that ETag and compares it.
+    """
+
+    def __init__(self, url: str, start: int = 0, limits: Limits | None = None):
+        self.object = ObjectUrl.parse(url)
+        if not self.object.key or self.object.key.endswith("/"):
+            raise ShardOpenError(url, "the URL names a bucket or a prefix, not an object")
+        self._target = _target(self.object, limits)
+        super().__init__(url, start, RetryPolicy.for_limits(self._target.limits))
+
+    def _request(self, offset: int) -> Opened:
+        if self._size is not None and offset >= self._size:
+            return Opened(None, offset, self._size, self._version)
+        try:
+            meta, chunks = calls().get(self._target, self.object.key, offset, self._version)
+        except StoreFailure as failure:
+            if failure.kind != PAST_END:
+                raise
+            meta = calls().head(self._target, self.object.key)  # a start at the very end: nothing left
+            if offset != meta.get("size"):
+                raise ShardOpenError(self.url, f"byte {offset} is past the object's end ({meta.get('size')} bytes)")
+            return Opened(None, offset, meta.get("size"), _version(meta))
+        first = meta.get("range_start")
+        return Opened(_Chunks(chunks), first if first is not None else offset, meta.get("size"), _version(meta),
+                      about=f"bytes {first}-")
+
+    def _retryable(self, exn: BaseException) -> bool:
+        return isinstance(exn, StoreFailure) and exn.kind == TRANSIENT
+
+    def _describe(self, exn: BaseException) -> str:
+        if isinstance(exn, StoreFailure):
+            return explain(exn, self.object)
+        return super()._describe(exn)
+
+    def _source(self) -> str:
+        return f"the {self.object.scheme}:// body"
+
+    def __getstate__(self):
+        raise TypeError(f"an open stream of {self.url} cannot be pickled (reopen it in the process that reads it)")
+
+
+def _version(meta: dict[str, Any]) -> str | None:
+    return meta.get("e_tag") or meta.get("version") or None
+
+
+def open_object(url: str, start: int = 0, limits: Limits | None = None) -> ObjectStream:
+    """``url`` as a stream from byte ``start`` (the back ends' ``open``)."""
+    return ObjectStream(url, start, limits)
+
+
+def stamp_object(url: str, limits: Limits | None = None) -> tuple[int | None, str | None]:
+    """(size, version) of the object as the store says now (a HEAD)."""
+    obj = ObjectUrl.parse(url)
+    try:
+        meta = calls().head(_target(obj, limits), obj.key)
+    except StoreFailure as failure:
+        raise ShardOpenError(url, explain(failure, obj)) from None
+    return meta.get("size"), _version(meta)
+
+
+def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
+    """The URLs ``spec`` names, lazily, a page at a time, in key order (S3, GCS and Azure list by key).
+
+    A glob (``s3://b/train/shard-*.tar``; ``*`` and ``?`` stay within one ``/`` segment,
+    ``**`` crosses them) yields the objects it matches; a prefix ending in ``/``
+    (``s3://b/train/``) the shards directly in it (as a local directory does); any other
+    URL is itself. Nothing matched raises ShardOpenError naming the spec."""
+    obj = ObjectUrl.parse(spec)
+    globbed = bool(_GLOB_CHARS.intersection(obj.key))
+    if not globbed and obj.key and not obj.key.endswith("/"):
+        yield spec
+        return
+    if globbed:
+        fixed = re.split(r"[*?\[]", obj.key, maxsplit=1)[0]
+        prefix, pattern = fixed.rpartition("/")[0], _glob_regex(obj.key)
+        matches = pattern.fullmatch
+    else:
+        prefix = obj.key.rstrip("/")
+
+        def matches(key: str) -> bool:
+            rest = key[len(obj.key):]
+            return key.startswith(obj.key) and "/" not in rest and rest.endswith(SHARD_SUFFIXES)
+    found = 0
+    try:
+        for page in calls().list_pages(_target(obj, limits), prefix, LIST_PAGE_SIZE):
+            for meta in page:
+                if matches(meta["path"]):
+                    found += 1
+                    yield f"{obj.scheme}://{obj.bucket}/{meta['path']}"
+    except StoreFailure as failure:
+        raise ShardOpenError(spec, explain(failure, obj)) from None
+    if not found:
+        raise ShardOpenError(spec, "no object matches" if globbed else "no shard under this prefix")
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    """A glob as a regular expression over keys: ``*`` and ``?`` within a segment, ``**`` across."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            end = pattern.find("]", i + 2)
+            if end < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1:end]
+                out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+                i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def put_object(path: str, url: str, limits: Limits | None = None) -> str | None:
+    """Uploads the local file ``path`` as ``url``, whole or not at all (multipart over 8 MiB);
+    returns the version written (its ETag)."""
+    obj = ObjectUrl.parse(url)
+    try:
+        result = calls().put(_target(obj, limits), str(path), obj.key)
+    except StoreFailure as failure:
+        raise ShardWriteError(explain(failure, obj), shard=url) from None
+    except OSError as exn:
+        raise ShardWriteError(f"cannot read {path}: {exn}", shard=url) from None
+    return result.get("e_tag") or result.get("version")
+
+
+S3 = Backend("s3", open_object, stamp=stamp_object, list=list_objects, put=put_object)
+GCS = Backend("gs", open_object, stamp=stamp_object, list=list_objects, put=put_object)
+AZURE = Backend("az", open_object, stamp=stamp_object, list=list_objects, put=put_object)

@@ -1,0 +1,256 @@
+"""The object-store calls the back end makes (head, get from a byte, list by pages, put), fork-safe.
+
+obstore runs its requests on a Rust runtime that is global to the process and does not
+survive a fork: a child forked after its parent made one obstore call hangs on its first
+own call, even with a store of its own (checked with obstore 0.12.1). So each process
+makes its calls in-process while that is safe (no call before a fork: a spawned worker,
+a forked worker whose parent never called obstore, the main process itself), and a
+process forked after its parent used obstore makes them through an agent: one fresh
+``python -m wds_datapipes.storage.store_agent`` subprocess of its own, answering over a
+pipe. Whichever way, obstore's exceptions come back as :class:`StoreFailure`, classified
+by :func:`classify` (missing object, missing bucket, access denied, missing credentials,
+object changed, transient).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import redact
+from ..limits import Limits
+from .cloud_settings import StoreSettings, obstore_module, store_for
+
+# What a failure was, as the back end reports it.
+MISSING_OBJECT, MISSING_BUCKET, DENIED, CREDENTIALS, CHANGED, PAST_END, REFUSED, TRANSIENT = (
+    "missing object", "missing bucket", "access denied", "missing or rejected credentials",
+    "the object changed", "range past the end", "request refused", "transient")
+_CLIENT_ERROR = re.compile(r"status code: (4\d\d)")
+
+
+class StoreFailure(Exception):
+    """An obstore call failed: ``kind`` (one of the constants above) and obstore's message, redacted."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(kind, message)
+        self.kind, self.message = kind, message
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+_BUCKET_MISSING = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "specified bucket does not exist")
+# A credential lookup that failed: the instance metadata service (its token or its
+# credentials path), a key missing from the environment, a credentials file.
+_NO_CREDENTIALS = ("/latest/api/token", "/latest/meta-data/iam", "missing accesskeyid", "missing secretaccesskey",
+                   "credential", "metadata endpoint", "missing account", "service account")
+
+
+def classify(exn: BaseException) -> StoreFailure:
+    """``exn`` (what an obstore call raised) as a :class:`StoreFailure` of one kind.
+
+    A missing key and a missing bucket are both FileNotFoundError in obstore: the server's
+    error code in the message tells them apart. A failed credential lookup (no
+    ``AWS_*`` variables, and no instance metadata service answering) is a GenericError
+    naming the metadata endpoint or the credentials."""
+    if isinstance(exn, StoreFailure):
+        return exn
+    name = type(exn).__name__
+    message = " ".join(redact(str(exn).split("\n\nDebug source:", 1)[0]).split())[:600]
+    text = str(exn)
+    lower = text.lower()
+    if name == "PreconditionError":
+        return StoreFailure(CHANGED, message)
+    if name == "UnauthenticatedError":
+        return StoreFailure(CREDENTIALS, message)
+    if name == "PermissionDeniedError" or " 403 " in text:
+        return StoreFailure(DENIED, message)
+    if any(code.lower() in lower for code in _BUCKET_MISSING) or ("bucket" in lower and "does not exist" in lower):
+        return StoreFailure(MISSING_BUCKET, message)
+    if isinstance(exn, FileNotFoundError) or name == "NotFoundError":
+        return StoreFailure(MISSING_OBJECT, message)
+    if name == "GenericError" and any(word in lower for word in _NO_CREDENTIALS):
+        return StoreFailure(CREDENTIALS, message)
+    if isinstance(exn, ImportError):
+        raise exn
+    status = _CLIENT_ERROR.search(text)
+    if status and status.group(1) == "416":
+        return StoreFailure(PAST_END, message)
+    if status and status.group(1) not in ("408", "429"):  # the server refuses: asking again changes nothing
+        return StoreFailure(REFUSED, message)
+    return StoreFailure(TRANSIENT, f"{name}: {message}")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Which store a call goes to: scheme, bucket, settings and the limits its client takes."""
+
+    scheme: str
+    bucket: str
+    settings: StoreSettings
+    limits: Limits
+
+
+# -- in-process calls (the agent runs these too)
+
+def head(target: Target, key: str) -> dict[str, Any]:
+    """The object's metadata (size, e_tag, version, ...)."""
+    obstore = obstore_module()
+    try:
+        return dict(obstore.head(_store(target), key))
+    except Exception as exn:  # noqa: BLE001 - every obstore failure is classified
+        raise classify(exn) from None
+
+
+def get(target: Target, key: str, offset: int, if_match: str | None) -> tuple[dict[str, Any], Iterator[bytes]]:
+    """(metadata, chunks) of the object from byte ``offset``; ``if_match`` pins its ETag."""
+    obstore = obstore_module()
+    options: dict[str, Any] = {}
+    if offset:
+        options["range"] = {"offset": offset}
+    if if_match:
+        options["if_match"] = if_match
+    try:
+        result = obstore.get(_store(target), key, options=options)
+        meta = dict(result.meta)
+        meta["range_start"] = result.range[0]
+        stream = result.stream(min_chunk_size=_CHUNK)
+    except Exception as exn:  # noqa: BLE001
+        raise classify(exn) from None
+    return meta, _chunks(stream)
+
+
+def _chunks(stream) -> Iterator[bytes]:
+    while True:
+        try:
+            chunk = next(stream)
+        except StopIteration:
+            return
+        except Exception as exn:  # noqa: BLE001 - a body cut short, a reset, a stall
+            raise classify(exn) from None
+        yield chunk
+
+
+def list_pages(target: Target, prefix: str, page_size: int) -> Iterator[list[dict[str, Any]]]:
+    """The objects under ``prefix`` (lexicographic key order, as S3, GCS and Azure list), page by page."""
+    obstore = obstore_module()
+    try:
+        pages = iter(obstore.list(_store(target), prefix or None, chunk_size=page_size))
+    except Exception as exn:  # noqa: BLE001
+        raise classify(exn) from None
+    while True:
+        try:
+            page = next(pages)
+        except StopIteration:
+            return
+        except Exception as exn:  # noqa: BLE001
+            raise classify(exn) from None
+        yield [dict(meta) for meta in page]
+
+
+def put(target: Target, path: str, key: str) -> dict[str, Any]:
+    """Uploads the file at ``path`` as ``key``, whole or not at all (multipart over 5 MiB)."""
+    obstore = obstore_module()
+    try:
+        with open(path, "rb") as source:
+            return dict(obstore.put(_store(target), key, source, chunk_size=_PART, max_concurrency=4))
+    except Exception as exn:  # noqa: BLE001
+        raise classify(exn) from None
+
+
+def _store(target: Target):
+    global _runtime_pid
+    _runtime_pid = _runtime_pid or os.getpid()
+    return store_for(target.scheme, target.bucket, target.settings, target.limits)
+
+
+_CHUNK = 1 << 20  # the least a stream chunk holds (fewer, larger copies into the reader)
+_PART = 8 << 20  # multipart upload part size
+_runtime_pid: int | None = None  # the process whose obstore runtime has started (a fork copies this)
+
+
+def calls():
+    """This module, or the agent where obstore's runtime was started before this process forked."""
+    if _runtime_pid is None or _runtime_pid == os.getpid():
+        return sys.modules[__name__]
+    return _agent()
+
+
+# -- the agent's client
+
+class _Agent:
+    """A subprocess making the calls for a process forked after obstore started (see the module)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen([sys.executable, "-m", "wds_datapipes.storage.store_agent"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.pid = os.getpid()
+
+    def _call(self, *request):
+        with self._lock:
+            _send(self._proc.stdin, request)
+            status, value = _receive(self._proc.stdout)
+        if status == "error":
+            raise StoreFailure(*value)
+        return value
+
+    def head(self, target: Target, key: str) -> dict[str, Any]:
+        return self._call("head", target, key)
+
+    def get(self, target: Target, key: str, offset: int, if_match: str | None):
+        handle, meta = self._call("get", target, key, offset, if_match)
+        return meta, self._drain(handle)
+
+    def list_pages(self, target: Target, prefix: str, page_size: int):
+        handle = self._call("list", target, prefix, page_size)
+        return self._drain(handle)
+
+    def put(self, target: Target, path: str, key: str) -> dict[str, Any]:
+        return self._call("put", target, path, key)
+
+    def _drain(self, handle: int) -> Iterator:
+        try:
+            while (item := self._call("next", handle)) is not None:
+                yield item
+        finally:
+            self._call("close", handle)
+
+
+_the_agent: _Agent | None = None
+
+
+def _agent() -> _Agent:
+    global _the_agent
+    if _the_agent is None or _the_agent.pid != os.getpid():
+        _the_agent = _Agent()
+    return _the_agent
+
+
+def _send(pipe, message) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(struct.pack("<Q", len(data)) + data)
+
+
+def _receive(pipe):
+    head = _read_exactly(pipe, 8)
+    return pickle.loads(_read_exactly(pipe, struct.unpack("<Q", head)[0]))
+
+
+def _read_exactly(pipe, count: int) -> bytes:
+    parts, left = [], count
+    while left:
+        chunk = pipe.read(left)
+        if not chunk:
+            raise StoreFailure(TRANSIENT, "the object-store agent process ended")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
