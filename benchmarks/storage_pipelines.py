@@ -105,6 +105,25 @@ def bench_pipelines(endpoint: str, bucket: str, sets: dict[str, list[str]], roun
     _ratios(table)
     exact_epochs(endpoint, bucket, sets, rounds)
     cache_over_s3(endpoint, bucket, sets, rounds)
+    forked_after_obstore(endpoint, bucket, sets, rounds)
+
+
+def forked_after_obstore(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int) -> None:
+    """s3:// in DataLoader workers forked after this process used obstore (the index and
+    cache rows above did): their calls go through one agent subprocess each (obstore's
+    runtime does not survive a fork), against http:// on the same 2-4 MB shards."""
+    print("\ns3:// in workers forked after the parent used obstore (each worker's calls go through its "
+          f"store agent), 2-4 MB shards, 2 workers (median of {rounds} rounds, alternating)")
+    if NO_S3:
+        print(f"   not measured: s3:// {NO_S3}")
+        return
+    urls = urls_by_scheme(endpoint, bucket, sets["2-4 MB"])
+    rows = [Row(f"ours, {scheme}://", Loader("datapipes", lambda u=urls[scheme]: wd.ShardLister(u).load_tar()
+                                              .group_by_key())) for scheme in ("s3", "http")]
+    _measure(rows, rounds)
+    s3, http = (_median_rate(row) for row in rows)
+    print(f"   ours, s3:// (agent) {s3:,.0f} MB/s, ours, http:// {http:,.0f} MB/s: s3:// / http:// {s3 / http:.2f} "
+          "(target >= 0.9)")
 
 
 def _measure(rows: list[Row], rounds: int) -> None:
