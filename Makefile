@@ -1,4 +1,4 @@
-# Everything a fresh machine needs: Python >= 3.10 with venv, make, and Go >= 1.26 for
+# Everything a fresh machine needs: Python >= 3.10 with venv, make, Node >= 20 (Azurite), and Go >= 1.26 for
 # the AIStore node that the AIS tests run against (built once, cached in
 # ~/.cache/wds-datapipes). The virtual environment lives in .venv.
 
@@ -47,6 +47,7 @@ test: test-main test-newest
 
 test-main: setup
 	$(BIN)/python -m aisio.cluster install
+	$(BIN)/python tests/object_servers.py install
 	$(BIN)/ruff check wds_datapipes aisio tests examples benchmarks
 	$(BIN)/python -m pytest -q
 

@@ -2,7 +2,7 @@
 
 Importing ``aisio`` registers the ``ais://`` scheme with the core's opener registry
 (``load_tar`` then streams AIS objects; worker processes also find it through the
-``wds_datapipes.openers`` entry point), with webdataset's URL opener (so
+``wds_datapipes.backends`` entry point, :mod:`aisio.backend`), with webdataset's URL opener (so
 ``webdataset.WebDataset("ais://...")`` works too), and the ``list_ais_shards`` functional name.
 
 - :class:`AISSourceLister`: list shards in a bucket (``list_ais_shards``).
@@ -21,8 +21,9 @@ The cluster is the one ``$AIS_ENDPOINT`` names; :func:`set_endpoint` sets it. Re
 listings retry for :func:`set_retry_budget` seconds without progress (default 60).
 """
 
-from wds_datapipes import register_opener
+from wds_datapipes.shards.openers import register_backend
 
+from .backend import BACKEND
 from .client import AISUrl, endpoint, fast_retry_config, get_client, set_endpoint
 from .compat import AISFileLister, AISFileLoader
 from .dsort import dsort_framework, dsort_shuffle, dsort_spec
@@ -34,7 +35,7 @@ from .streams import AISObjectStream
 from .upload import ShardUploader, upload_file
 from .wds_opener import register_with_webdataset
 
-register_opener("ais", open_ais_url)
+register_backend(BACKEND, replace=True)
 register_with_webdataset()
 
 __all__ = [

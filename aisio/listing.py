@@ -45,16 +45,41 @@ def list_objects(bucket: str, prefix: str = "", page_size: int = 0, *, policy: R
     cluster map changes. Failures raise :class:`~wds_datapipes.errors.ShardOpenError`
     naming ``ais://bucket/prefix``, the node and its answer, or what was tried.
     """
+    return sorted(name for page in object_pages(bucket, prefix, page_size, policy=policy) for name in page)
+
+
+def object_pages(bucket: str, prefix: str = "", page_size: int = 0, *,
+                 policy: RetryPolicy | None = None) -> Iterator[list[str]]:
+    """The names of the objects in ``ais://bucket`` that start with ``prefix``, a page at a time
+    as the cluster gives them (each page asked for when the one before is used up), each
+    page retried as :func:`list_objects` says."""
     policy = policy or RetryPolicy.from_env()
     cluster = endpoint()
-    names: list[str] = []
     token = uuid = ""
     while True:
         page = _list_page(cluster, AISUrl(bucket, prefix), page_size, token, uuid, policy)
-        names.extend(entry["name"] for entry in page.get("entries") or ())
+        yield [entry["name"] for entry in page.get("entries") or ()]
         token, uuid = page.get("continuation_token") or "", page.get("uuid") or ""
         if not token:
-            return sorted(names)
+            return
+
+
+def list_ais_urls(spec: str, limits: Any = None) -> Iterator[str]:
+    """The ``ais`` back end's ``list``: ``ais://bucket/<glob>`` yields the objects the glob
+    matches, ``ais://bucket`` or ``ais://bucket/prefix/`` the shard files under the prefix
+    (``.tar``, ``.tar.gz``, ...), page by page (sorted in each page), so the first shard can
+    open before a long listing ends; any other URL names one object and comes back as it is
+    (no request). Query parameters (an ETL) stay on every URL."""
+    base = AISUrl.parse(spec)
+    pattern = base.object or ""
+    globbed = bool(_GLOB_CHARS.intersection(pattern))
+    if not globbed and pattern and not pattern.endswith("/"):
+        yield spec
+        return
+    for page in object_pages(base.bucket, _literal_prefix(pattern)):
+        for name in sorted(page):
+            if fnmatch.fnmatchcase(name, pattern) if globbed else name.endswith(SHARD_SUFFIXES):
+                yield str(base.with_object(name))
 
 
 def _list_page(cluster: str, where: AISUrl, page_size: int, token: str, uuid: str, policy: RetryPolicy) -> dict:

@@ -59,6 +59,8 @@ class AISObjectStream(ResumingStream):
         max_resume: at most this many resumes after the first byte (``None``: the budget decides).
     """
 
+    logger = logger
+
     def __init__(self, url: str, start: int = 0, *, policy: RetryPolicy | None = None,
                  max_resume: int | None = None):
         self.url = url

@@ -8,6 +8,17 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
+# The session's servers (AIStore, its S3 API, Azurite, fake-gcs-server) and the fault proxy, for every folder.
+from server_fixtures import (  # noqa: F401
+    ais_endpoint,
+    azure_server,
+    fault_proxy,
+    gcs_server,
+    object_server,
+    pytest_collection_modifyitems,
+    s3_server,
+)
+
 
 @pytest.fixture
 def make_shards(tmp_path: Path) -> Callable[..., list[str]]:

@@ -23,7 +23,6 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from importlib.metadata import entry_points
 
 import numpy as np
 
@@ -31,8 +30,8 @@ from .epochs.index import ShardIndex, ShardScan, build_index, check_scan_against
 from .epochs.places import ShardPlaces  # noqa: F401 - a name this module has held (docs/layout.md)
 from .errors import WdsError
 from .shards.grouping import group_members
-from .shards.listing import expand_url_spec, resolve_local
-from .shards.openers import open_shard, url_scheme
+from .shards.listing import expand_url_spec
+from .shards.openers import list_urls, open_shard, resolve_local, url_scheme  # noqa: F401 - names kept (docs/layout.md)
 from .tar import iter_tar_members
 from .writing.command import add_create_command
 
@@ -106,24 +105,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def expand_urls(specs: Iterable[str]) -> list[str]:
-    """Shard URLs from what a user typed: braces, globs, directories, and plugin listers
-    (entry points in ``wds_datapipes.listers``, e.g. an object store's prefix listing)."""
-    urls: list[str] = []
-    listers: dict[str, object] = {}  # scheme -> its lister or None, looked up once per scheme
-    for spec in specs:
-        for url in expand_url_spec(spec):
-            scheme = url_scheme(url)
-            if scheme not in listers:  # entry_points() reads every installed package's metadata
-                listers[scheme] = _plugin_lister(scheme)  # (~3 ms): once per URL was 93 s for 30,000
-            lister = listers[scheme]
-            urls.extend(lister(url) if lister is not None else resolve_local(url))
-    return urls
-
-
-def _plugin_lister(scheme: str):
-    for ep in entry_points(group="wds_datapipes.listers", name=scheme):
-        return ep.load()
-    return None
+    """Shard URLs from what a user typed: braces, then what each scheme's back end lists
+    (local globs and directories, an object store's glob or prefix: ``backend_for(url).list``)."""
+    return [listed for spec in specs for url in expand_url_spec(spec) for listed in list_urls(url)]
 
 
 def _index(args: argparse.Namespace) -> int:

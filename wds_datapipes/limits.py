@@ -43,9 +43,11 @@ class Limits:
             unpacked (all its arrays together): default 128 MiB.
         http_timeout: seconds an ``http(s)://`` read (or the wait for the response) may
             stall before it counts as a dropped connection: default 30.
-        http_retries: how often one HTTP stream reconnects (a Range request from the byte
-            it reached) after a drop, a reset or a stall before giving up: default 5, with
-            waits of 0.5, 1, 2, 4, 8 s between tries.
+        http_retries: how often in a row an HTTP (or object-store) stream reconnects (a
+            Range request from the byte it reached) after a drop, a reset or a stall without
+            a byte arriving before giving up: default 5, with waits of 0.5, 1, 2, 4, 8 s
+            between tries; bytes that arrive start the count again
+            (:meth:`wds_datapipes.storage.retry.RetryPolicy.for_limits`).
         pipe_grace: seconds a ``pipe:`` command may run on after its output was read to the
             end; then it is stopped and reported: default 10. A command whose output the
             reader closes before its end (it is done: end of archive, a span's end, a

@@ -1,41 +1,24 @@
 """A real AIStore cluster for the tests in this folder.
 
-With ``AIS_ENDPOINT`` set, the tests use that cluster. Otherwise the session starts the
-local cluster of :mod:`aisio.cluster` (1 proxy + 2 targets on 127.0.0.1; building aisnode
-first if it is missing) and stops it at the end; one already started with
+The session's cluster is ``ais_endpoint`` (tests/server_fixtures.py): with ``AIS_ENDPOINT``
+set, the tests use that cluster. Otherwise the session starts the local cluster of
+:mod:`aisio.cluster` (1 proxy + 2 targets on 127.0.0.1; building aisnode first if it is missing) and stops it at the end; one already started with
 ``python -m aisio.cluster start`` is used and left running. Where no cluster can be had
 the tests skip with the reason, except under CI (``CI`` set), where they fail instead.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import urllib.error
-import urllib.request
 import uuid
 
 import pytest
 from ais_helpers import make_samples, write_shards
 
 from aisio.client import ENDPOINT_ENV, get_client
-from aisio.cluster import FAST_FAILOVER, ClusterError, LocalCluster, cluster_endpoint, ensure_aisnode
+from aisio.cluster import FAST_FAILOVER, ClusterError, LocalCluster, ensure_aisnode
 
 IN_CI = bool(os.environ.get("CI"))
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "ais_endpoint" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.ais)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/v1/health", timeout=5) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _no_cluster(reason: str):
@@ -44,21 +27,8 @@ def _no_cluster(reason: str):
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def ais_endpoint():
-    """The endpoint of a healthy cluster; ``$AIS_ENDPOINT`` points at it for the session."""
-    given = os.environ.get(ENDPOINT_ENV)
-    if given:
-        if not _healthy(given):
-            pytest.fail(f"AIS_ENDPOINT={given} does not answer GET /v1/health with 200", pytrace=False)
-        yield given.rstrip("/")
-        return
-    with contextlib.ExitStack() as stack:
-        try:  # the running local cluster, or one started (and stopped) for the session
-            endpoint = stack.enter_context(cluster_endpoint(verbose=False))
-        except ClusterError as exn:
-            _no_cluster(f"no local AIStore cluster: {exn}")
-        yield endpoint
+# ais_endpoint (the session's cluster) and the `ais` marker are in tests/server_fixtures.py,
+# shared with the object-store tests (whose S3 server is this cluster's /s3).
 
 
 @pytest.fixture

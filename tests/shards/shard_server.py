@@ -120,7 +120,8 @@ class FaultyShardServer(_LocalServer):
     Content-Length, the body stops at a random byte: only the bytes can tell); ``stall`` (no
     byte after a random one for ``stall`` seconds, then the connection closes);
     ``late-tail`` (the last 512 bytes come ``late`` seconds after the rest); ``change`` (the
-    object is replaced by its next version, whose samples differ, before this answer).
+    object is replaced by its next version, whose samples differ, before this answer);
+    ``ignore-range`` (the whole object, 200, whatever Range was asked for; not in ``FAULTS``).
     HEAD requests answer plainly (size, ETag of the current version). Range requests are
     answered from the current version. ``versions[name]`` is every version an object had,
     in order: what a reader may see of it.
@@ -193,7 +194,7 @@ class _FaultyHandler(http.server.BaseHTTPRequestHandler):
             body = server.body(name)
             at = server.random.randrange(1, len(body))
         asked = self.headers.get("Range")
-        start = min(int(asked.split("=")[1].rstrip("-")), len(body)) if asked else 0
+        start = min(int(asked.split("=")[1].rstrip("-")), len(body)) if asked and fault != "ignore-range" else 0
         try:
             if fault == "503":
                 self.send_response(503)

@@ -142,8 +142,8 @@ WORKERS = textwrap.dedent("""
 
     if __name__ == "__main__":
         method, spec, out = sys.argv[1:]
-        urls = list(backend_for(spec).list(spec))  # obstore used in the parent, before the workers start
-        pipe = wd.ShardLister(urls).load_tar().group_by_key().map(key)
+        assert list(backend_for(spec).list(spec))  # obstore used in the parent, before the workers start
+        pipe = wd.ShardLister(spec).load_tar().group_by_key().map(key)  # the workers list (and read) too
         loader = DataLoader(pipe, num_workers=3, batch_size=None, multiprocessing_context=method)
         json.dump(list(loader), open(out, "w"))
 """)
@@ -212,3 +212,20 @@ def test_plain_webdataset_reads_and_writes_object_urls_through_the_back_end(stor
     urls = [store.url(bucket, f"wds/shard-{n:02d}.tar") for n in range(3)]
     got = [(s["__key__"], s["cls"]) for s in wds.WebDataset(urls, shardshuffle=False)]
     assert got == [(f"k{i:03d}", str(i).encode()) for i in range(20)]
+
+
+def test_the_index_and_verify_commands_take_an_object_glob(store, tmp_path):
+    """``index --places`` over ``s3://bucket/v/*.tar`` and ``verify`` of it: exit 0; after an
+    object is written again with another size, ``verify`` exits 1 naming it."""
+    bucket = store.new_bucket()
+    for shard in range(3):
+        store.put(bucket, f"v/shard-{shard}.tar", shard_bytes(f"v{shard}", 8))
+    index = str(tmp_path / "index.json")
+    command = [sys.executable, "-m", "wds_datapipes"]
+    subprocess.run([*command, "index", "--places", "--quiet", "-o", index, store.url(bucket, "v/*.tar")],
+                   check=True, timeout=120)
+    assert len(json.loads((tmp_path / "index.json").read_text())["shardlist"]) == 3
+    assert subprocess.run([*command, "verify", index], check=False, timeout=120).returncode == 0
+    store.put(bucket, "v/shard-2.tar", shard_bytes("v2", 9))
+    failed = subprocess.run([*command, "verify", index], check=False, timeout=120, capture_output=True, text=True)
+    assert failed.returncode == 1 and "shard-2.tar" in failed.stdout + failed.stderr

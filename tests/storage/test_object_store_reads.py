@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 import socketserver
 import threading
+import time
+from urllib.parse import unquote
 
 import pytest
 from fault_proxy import first_faults, random_faults
@@ -47,22 +49,25 @@ def test_reads_start_at_any_byte_and_carry_the_stamp(store):
             assert (stream.size, stream.version) == stamp
 
 
-@pytest.mark.parametrize("fault", ["cut", "reset", "503", "cut-unsized"])
-def test_a_broken_body_resumes_at_the_exact_byte(store, fault_proxy, monkeypatch, fault):
-    """Every byte arrives once, in order, though the first answers of the object break."""
+@pytest.mark.parametrize("fault", ["cut", "reset", "503", "cut-unsized", "stall"])
+def test_a_broken_body_resumes_at_the_exact_byte(store, fault_proxy, monkeypatch, caplog, fault):
+    """Every byte arrives once, in order, though the first answers of the object break (a
+    stalled body is given up after Limits.http_timeout, 3 s here, not the proxy's 30 s)."""
     from conftest import configured
 
     bucket = store.new_bucket()
     data = _data(2, 2_000_000)
     store.put(bucket, "obj.tar", data)
-    through, proxy = fault_proxy(store, first_faults(fault, times=3))
+    through, _ = fault_proxy(store, first_faults(fault, times=2 if fault == "stall" else 3), stall_s=30)
     configured(through, monkeypatch)
+    started = time.monotonic()
     with open_shard(through.url(bucket, "obj.tar"), 1000, FAST) as stream:
         got = bytearray()
         while chunk := stream.read(65536):
             got += chunk
     assert bytes(got) == data[1000:]
-    assert sum(exchange.method == "GET" for exchange in proxy.log) >= 3  # the broken answers (then a whole one)
+    assert [r for r in caplog.records if "resuming at byte" in r.message or "trying again" in r.message]
+    assert time.monotonic() - started < 25  # no stall waited out
 
 
 def test_random_faults_over_many_reads_lose_and_repeat_nothing(store, fault_proxy, monkeypatch):
@@ -89,7 +94,7 @@ def test_an_object_changed_mid_read_is_a_read_error_saying_so(store, fault_proxy
     store.put(bucket, "obj.tar", _data(4, 1_000_000))
 
     def schedule(request):
-        if request.method != "GET" or "obj.tar" not in request.path:
+        if request.method != "GET" or "obj.tar" not in unquote(request.path):  # GCS sends obj%2Etar
             return "ok"
         if request.number == 0:
             return "cut"
@@ -127,11 +132,18 @@ def test_missing_object_and_missing_bucket_are_distinct_open_errors(store):
     with pytest.raises(ShardOpenError, match="does not exist in") as missing_object:
         open_shard(store.url(bucket, "nope.tar"), 0, FAST)
     assert not isinstance(missing_object.value, ShardReadError)
+    with pytest.raises(ShardOpenError, match="does not exist in"):
+        source_stamp(store.url(bucket, "nope.tar"), FAST)
+    if store.scheme == "gs":
+        pytest.skip("fake-gcs-server answers a missing bucket with a bare 404 to a GET and a 500 to a listing; "
+                    "GCS itself answers NoSuchBucket, which the back end reads")
     with pytest.raises(ShardOpenError, match="the bucket .* does not exist") as missing_bucket:
         open_shard(store.url("no-such-bucket-4242", "x.tar"), 0, FAST)
     assert not isinstance(missing_bucket.value, ShardReadError)
-    with pytest.raises(ShardOpenError, match="does not exist"):
-        source_stamp(store.url(bucket, "nope.tar"), FAST)
+    with pytest.raises(ShardOpenError, match="the bucket .* does not exist"):
+        source_stamp(store.url("no-such-bucket-4242", "x.tar"), FAST)
+    with pytest.raises(ShardOpenError, match="the bucket .* does not exist"):
+        list(backend_for(store.url(bucket)).list(store.url("no-such-bucket-4242", "*.tar"), FAST))
 
 
 class _Denying(socketserver.ThreadingTCPServer):

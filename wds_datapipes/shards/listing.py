@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -11,7 +10,6 @@ from braceexpand import braceexpand
 
 from ..errors import NoShardsError
 from ..pipe_base import Pipe
-from ..storage.backend import SHARD_SUFFIXES
 from ..topology import EpochSeed, ShardingRecord
 from ..torch_datapipes import (
     SHARDING_PRIORITIES,
@@ -19,9 +17,8 @@ from ..torch_datapipes import (
     ShardingFilterIterDataPipe,
     functional_datapipe,
 )
-from .openers import LocalPath, local_path, url_scheme
+from .openers import SHARD_SUFFIXES, LocalPath, list_urls, local_path, resolve_local, url_scheme  # noqa: F401 - names kept
 
-_GLOB_CHARS = frozenset("*?[")
 _VARIABLE = re.compile(r"\$\{(\w+)\}")
 
 
@@ -30,8 +27,8 @@ def expand_url_spec(spec: str) -> list[str]:
 
     ``::`` joins several specs (as in webdataset); in each, ``${NAME}`` becomes the
     environment variable ``WDS_NAME`` (webdataset's rule, also inside a variable's value),
-    then braces are expanded (``train-{000..009}.tar``). Globs and directories are
-    expanded later, by :func:`resolve_local`, because that needs I/O.
+    then braces are expanded (``train-{000..009}.tar``). Globs, directories and prefixes
+    are expanded later, by the scheme's back end (:func:`~.openers.list_urls`), because that needs I/O.
     """
     urls: list[str] = []
     for part in spec.split("::"):
@@ -57,27 +54,6 @@ def _variable_value(match: re.Match) -> str:
     return os.environ[name]
 
 
-def resolve_local(url: str) -> list[str]:
-    """A local glob becomes its sorted matches, a directory its sorted shard files.
-
-    What the filesystem returns comes back as :class:`LocalPath`: a found name is never
-    read as a URL or a ``pipe:`` command. A path with glob characters that names an
-    existing file (``shard[1].tar``) is that file, as webdataset (which never globs) reads it.
-    """
-    if url_scheme(url) != "file":
-        return [url]
-    path = local_path(url)
-    prefix = url[: len(url) - len(path)]  # "file://" stays on what it expands to
-    if _GLOB_CHARS.intersection(path):
-        if os.path.isfile(path):
-            return [url]
-        return [LocalPath(match, prefix) for match in sorted(glob.glob(path))]
-    if os.path.isdir(path):
-        names = sorted(n for n in os.listdir(path) if n.endswith(SHARD_SUFFIXES))
-        return [LocalPath(os.path.join(path, n), prefix) for n in names]
-    return [url]
-
-
 class _ExpandedUrls(Pipe[str]):
     """Yields the shard URLs that strings (or a pipe of strings) expand to."""
 
@@ -89,7 +65,7 @@ class _ExpandedUrls(Pipe[str]):
             if not isinstance(spec, str):
                 raise TypeError(f"shard specs must be strings, got {type(spec).__name__}: {spec!r}")
             for url in expand_url_spec(spec):
-                yield from resolve_local(url)
+                yield from list_urls(url)  # lazily: a long listing's first URL before its end
 
 
 class _SeededOrder(Pipe[str]):
@@ -120,10 +96,12 @@ class _SeededOrder(Pipe[str]):
         return self.shuffle_order
 
     def __iter__(self) -> Iterator[str]:
-        urls = list(self.source_datapipe)
         rng = self.seeds.next_rng(user_seed_only=self.user_seed_only)
-        if self.shuffle_order:
-            rng.shuffle(urls)
+        if not self.shuffle_order:  # in listing order, as it comes: the first shard opens before a long listing ends
+            yield from self.source_datapipe
+            return
+        urls = list(self.source_datapipe)
+        rng.shuffle(urls)
         yield from urls
 
 

@@ -136,7 +136,7 @@ class ObjectStream(ResumingStream):
 
     def _describe(self, exn: BaseException) -> str:
         if isinstance(exn, StoreFailure):
-            return explain(exn, self.object)
+            return explain(_refined(exn, self._target, self.object), self.object)
         return super()._describe(exn)
 
     def _source(self) -> str:
@@ -144,6 +144,20 @@ class ObjectStream(ResumingStream):
 
     def __getstate__(self):
         raise TypeError(f"an open stream of {self.url} cannot be pickled (reopen it in the process that reads it)")
+
+
+def _refined(failure: StoreFailure, target: Target, obj: ObjectUrl) -> StoreFailure:
+    """A missing object told apart from a missing bucket where the server's answer did not
+    (fake-gcs-server answers a bare 404 to both): one listing of the key's prefix asks the
+    bucket. Only on this error's path, so it costs nothing otherwise."""
+    if failure.kind != MISSING_OBJECT:
+        return failure
+    try:
+        next(iter(calls().list_pages(target, obj.key.rpartition("/")[0], 1)), None)
+    except StoreFailure as listed:
+        if listed.kind in (MISSING_BUCKET, MISSING_OBJECT) or "404" in listed.message:
+            return StoreFailure(MISSING_BUCKET, failure.message)
+    return failure
 
 
 def _version(meta: dict[str, Any]) -> str | None:
@@ -159,9 +173,10 @@ def stamp_object(url: str, limits: Limits | None = None) -> tuple[int | None, st
     """(size, version) of the object as the store says now (a HEAD)."""
     obj = ObjectUrl.parse(url)
     try:
-        meta = calls().head(_target(obj, limits), obj.key)
+        target = _target(obj, limits)
+        meta = calls().head(target, obj.key)
     except StoreFailure as failure:
-        raise ShardOpenError(url, explain(failure, obj)) from None
+        raise ShardOpenError(url, explain(_refined(failure, target, obj), obj)) from None
     return meta.get("size"), _version(meta)
 
 
@@ -195,6 +210,8 @@ def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
                     found += 1
                     yield f"{obj.scheme}://{obj.bucket}/{meta['path']}"
     except StoreFailure as failure:
+        if failure.kind == MISSING_OBJECT or "404" in failure.message:  # a listing finds no bucket
+            failure = StoreFailure(MISSING_BUCKET, failure.message)
         raise ShardOpenError(spec, explain(failure, obj)) from None
     if not found:
         raise ShardOpenError(spec, "no object matches" if globbed else "no shard under this prefix")

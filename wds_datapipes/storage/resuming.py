@@ -100,6 +100,7 @@ class ResumingStream(io.RawIOBase):
     """
 
     _opened: Opened | None = None
+    logger = logger  # where resumes and retries are logged (a back end may use its own logger)
 
     def __init__(self, url: str, start: int = 0, policy: RetryPolicy | None = None, *,
                  max_resumes: int | None = None):
@@ -212,7 +213,7 @@ class ResumingStream(io.RawIOBase):
         if self.max_resumes is not None and self.resumes >= self.max_resumes:
             raise self._read_error(f"connection lost and {self.resumes} resume(s) failed: {why}")
         self.resumes += 1
-        logger.warning("%s: %s; resuming at byte %d", self.url, why, self._pos)
+        self.logger.warning("%s: %s; resuming at byte %d", self.url, why, self._pos)
         if not self._attempts.failed(why):
             raise self._read_error(self._gave_up(why))
         self._opened = self._connect(opening=False)
@@ -231,7 +232,7 @@ class ResumingStream(io.RawIOBase):
                     raise self._error(opening, why) from exn
             if not self._attempts.failed(why):
                 raise self._error(opening, self._gave_up(why))
-            logger.warning("%s: %s; trying again from byte %d", self.url, why, self._pos)
+            self.logger.warning("%s: %s; trying again from byte %d", self.url, why, self._pos)
 
     def _positioned(self, opened: Opened) -> Opened:
         """Check that ``opened``'s body is this object from the position, skipping what the

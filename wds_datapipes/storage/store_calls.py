@@ -82,7 +82,7 @@ def classify(exn: BaseException) -> StoreFailure:
     if isinstance(exn, ImportError):
         raise exn
     status = _CLIENT_ERROR.search(text)
-    if status and status.group(1) == "416":
+    if (status and status.group(1) == "416") or "wanted range starting at" in lower:  # Azure checks it itself
         return StoreFailure(PAST_END, message)
     if status and status.group(1) not in ("408", "429"):  # the server refuses: asking again changes nothing
         return StoreFailure(REFUSED, message)
