@@ -95,7 +95,9 @@ def test_a_listing_is_paged_and_its_first_url_comes_before_it_ends(listed_bucket
 
 def test_put_uploads_a_file_whole_and_returns_its_version(store, tmp_path):
     bucket = store.new_bucket()
-    data = os.urandom(20 << 20)  # past the 8 MiB part size: a multipart upload
+    # Past the 8 MiB part size: a multipart upload; not on fake-gcs-server, which has no XML
+    # multipart upload (docs/testing.md): one PUT there.
+    data = os.urandom((3 if store.scheme == "gs" else 20) << 20)
     (tmp_path / "big.tar").write_bytes(data)
     url = store.url(bucket, "up/big.tar")
     version = backend_for(url).put(str(tmp_path / "big.tar"), url, Limits())

@@ -183,8 +183,8 @@ def stamp_object(url: str, limits: Limits | None = None) -> tuple[int | None, st
 def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
     """The URLs ``spec`` names, lazily, a page at a time, in key order (S3, GCS and Azure list by key).
 
-    A glob (``s3://b/train/shard-*.tar``; ``*`` and ``?`` stay within one ``/`` segment,
-    ``**`` crosses them) yields the objects it matches; a prefix ending in ``/``
+    A glob (``s3://b/train/shard-*.tar``; ``*``, ``?`` and ``[...]`` stay within one ``/``
+    segment, as in a local glob) yields the objects it matches; a prefix ending in ``/``
     (``s3://b/train/``) the shards directly in it (as a local directory does); any other
     URL is itself. Nothing matched raises ShardOpenError naming the spec."""
     obj = ObjectUrl.parse(spec)
@@ -218,14 +218,11 @@ def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
 
 
 def _glob_regex(pattern: str) -> re.Pattern:
-    """A glob as a regular expression over keys: ``*`` and ``?`` within a segment, ``**`` across."""
+    """A glob as a regular expression over keys: ``*`` and ``?`` within one ``/`` segment
+    (``**`` too, as a local glob that is not recursive reads it)."""
     out, i = [], 0
     while i < len(pattern):
         c = pattern[i]
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
         if c == "*":
             out.append("[^/]*")
         elif c == "?":
