@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 NEWEST := .venv-newest
 NEWEST_INSTALLED := $(NEWEST)/.installed
 
-.PHONY: ffmpeg bench-media setup setup-newest train test test-main test-newest test-core bench bench-epochs bench-nodes bench-ais bench-cache bench-write lint clean
+.PHONY: ffmpeg bench-media setup setup-newest train test test-main test-newest test-core bench bench-epochs bench-nodes bench-ais bench-cache bench-write bench-storage lint clean
 
 setup: $(INSTALLED)
 
@@ -97,6 +97,16 @@ bench-write: setup
 bench-ais: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python benchmarks/bench_ais.py
+
+# Object stores on the local AIStore cluster's S3 API: the client libraries, then s3://,
+# http://, ais:// and webdataset's pipe:curl / pipe:aws on the same objects. s3fs gets a venv
+# of its own: its aiobotocore pins an older botocore than the bench's boto3.
+S3FS_VENV := build/venv-s3fs
+bench-storage: setup
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	test -x $(S3FS_VENV)/bin/python || { $(PYTHON) -m venv $(S3FS_VENV) && \
+		$(S3FS_VENV)/bin/python -m pip install --quiet s3fs==2026.9.0; }
+	$(BIN)/python benchmarks/bench_storage.py --s3fs-python $(S3FS_VENV)/bin/python
 
 lint: setup
 	$(BIN)/ruff check wds_datapipes aisio tests examples benchmarks

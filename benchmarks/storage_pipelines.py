@@ -1,0 +1,289 @@
+"""Parts 2 and 3 of bench_storage.py: whole pipelines over s3://, http://, ais:// and
+webdataset's ``pipe:``, ExactEpochs by places, the cache over s3://, and the time to the
+first sample of a 10,000-object bucket listed by glob. See bench_storage.py's docstring."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import webdataset as wds
+from bench_ais import Loader, Row
+from bench_storage import alternating
+
+import wds_datapipes as wd
+from aisio import get_client
+
+NO_S3 = ""  # why s3:// rows are missing, or "" where a back end for s3:// is registered
+LISTED_BUCKET = "bench-storage-listed"
+LISTED_OBJECTS = 10_000
+
+
+def s3_environment(endpoint: str) -> None:
+    """The standard AWS variables for AIStore's /s3 (auth off: any key), which our s3://
+    back end, boto3 and the AWS CLI all read; DataLoader workers inherit them."""
+    config = os.path.join(tempfile.mkdtemp(prefix="bench-storage-aws-"), "config")
+    with open(config, "w") as f:  # the AWS CLI: path style (no bucket.host names on 127.0.0.1)
+        f.write("[default]\nregion = us-east-1\ns3 =\n    addressing_style = path\n")
+    os.environ.update(AWS_ENDPOINT_URL=f"{endpoint}/s3", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret",
+                      AWS_REGION="us-east-1", AWS_DEFAULT_REGION="us-east-1", AWS_ALLOW_HTTP="true",
+                      AWS_VIRTUAL_HOSTED_STYLE_REQUEST="false", AWS_CONFIG_FILE=config)
+
+
+def s3_missing() -> str:
+    """Why our s3:// rows cannot run here, or "" where they can."""
+    from wds_datapipes.shards.openers import backend_for, register_backend
+
+    try:
+        backend_for("s3://bucket/key.tar")
+        return ""
+    except wd.ShardOpenError:  # no s3 entry point: an editable install older than the back end?
+        pass
+    try:
+        from wds_datapipes.storage.object_store import S3
+
+        register_backend(S3)  # forked DataLoader workers inherit the registry
+        backend_for("s3://bucket/key.tar")
+    except Exception as exn:  # noqa: BLE001 - any failure means: no back end
+        return f"back end not available ({type(exn).__name__}: {str(exn)[:100]})"
+    return ""
+
+
+def urls_by_scheme(endpoint: str, bucket: str, names: list[str]) -> dict[str, list[str]]:
+    urls = {"http": [f"{endpoint}/s3/{bucket}/{n}" for n in names], "ais": [f"ais://{bucket}/{n}" for n in names]}
+    if not NO_S3:
+        urls["s3"] = [f"s3://{bucket}/{n}" for n in names]
+    return urls
+
+
+def _median_rate(row: Row) -> float:
+    return row.nbytes / statistics.median(row.seconds) / 1e6
+
+
+def bench_pipelines(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int, data: str) -> None:
+    global NO_S3
+    s3_environment(endpoint)
+    NO_S3 = s3_missing()
+    beside = os.path.join(os.path.dirname(sys.executable), "aws")  # the bench venv's, before any on PATH
+    aws = beside if os.path.exists(beside) else shutil.which("aws")
+    print("\n2. Pipelines: load_tar().group_by_key(), raw (no decoding), DataLoader with 2 workers, one epoch "
+          f"a round (MB/s of the median of {rounds} rounds, alternating)")
+    if NO_S3:
+        print(f"   s3:// rows: {NO_S3}")
+    if not aws:
+        print("   webdataset over `aws s3 cp`: no `aws` on PATH (pip install awscli)")
+    table: dict[str, dict[str, float]] = {}
+    for label in ("2-4 MB", "64 MB"):
+        urls = urls_by_scheme(endpoint, bucket, sets[label])
+        rows = [Row(f"ours, {scheme}://", Loader("datapipes", lambda u=u: wd.ShardLister(u).load_tar().group_by_key()))
+                for scheme, u in urls.items()]
+        curl = [f"pipe:curl -s -f {u}" for u in urls["http"]]
+        rows.append(Row("webdataset, pipe:curl", Loader("webdataset", lambda curl=curl: wds.WebDataset(
+            curl, shardshuffle=False, empty_check=False))))
+        if aws:
+            cp = [f"pipe:{aws} s3 cp --only-show-errors s3://{bucket}/{n} -" for n in sets[label]]
+            rows.append(Row("webdataset, pipe:aws s3 cp", Loader("webdataset", lambda cp=cp: wds.WebDataset(
+                cp, shardshuffle=False, empty_check=False))))
+        _measure(rows, rounds)
+        table[label] = {row.name: _median_rate(row) for row in rows}
+        counts = {(row.samples, row.nbytes) for row in rows}
+        if len(counts) > 1:
+            print(f"   WARNING: the rows read different samples/bytes on {label}: {sorted(counts)}")
+    names = list(table["2-4 MB"])
+    print("\n| reader | MB/s, 2-4 MB shards | MB/s, 64 MB shards |")
+    print("|---|---:|---:|")
+    for name in names:
+        print(f"| {name} | {table['2-4 MB'][name]:,.0f} | {table['64 MB'][name]:,.0f} |")
+    _ratios(table)
+    exact_epochs(endpoint, bucket, sets, rounds)
+    cache_over_s3(endpoint, bucket, sets, rounds)
+    forked_after_obstore(endpoint, bucket, sets, rounds)
+
+
+def forked_after_obstore(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int) -> None:
+    """s3:// in DataLoader workers forked after this process used obstore (the index and
+    cache rows above did): their calls go through one agent subprocess each (obstore's
+    runtime does not survive a fork), against http:// on the same 2-4 MB shards."""
+    print("\ns3:// in workers forked after the parent used obstore (each worker's calls go through its "
+          f"store agent), 2-4 MB shards, 2 workers (median of {rounds} rounds, alternating)")
+    if NO_S3:
+        print(f"   not measured: s3:// {NO_S3}")
+        return
+    urls = urls_by_scheme(endpoint, bucket, sets["2-4 MB"])
+    rows = [Row(f"ours, {scheme}://", Loader("datapipes", lambda u=urls[scheme]: wd.ShardLister(u).load_tar()
+                                              .group_by_key())) for scheme in ("s3", "http")]
+    _measure(rows, rounds)
+    s3, http = (_median_rate(row) for row in rows)
+    print(f"   ours, s3:// (agent) {s3:,.0f} MB/s, ours, http:// {http:,.0f} MB/s: s3:// / http:// {s3 / http:.2f} "
+          "(target >= 0.9)")
+
+
+def _measure(rows: list[Row], rounds: int) -> None:
+    for row in rows:  # all loaders up, each warmed once
+        row.loader.start()
+        row.loader.epoch()
+    try:
+        for _, row in alternating(rounds, rows):
+            row.measure(1, [])
+    finally:
+        for row in rows:
+            row.loader.stop()
+
+
+def _ratios(table: dict[str, dict[str, float]]) -> None:
+    print("\nratios (median rounds)                  2-4 MB   64 MB   target")
+    pairs = [("ours, s3:// / ours, http://", "ours, s3://", "ours, http://", ">= 0.9"),
+             ("ours, s3:// / ours, ais://", "ours, s3://", "ours, ais://", ""),
+             ("ours, http:// (/s3) / ours, ais://", "ours, http://", "ours, ais://", ""),
+             ("ours, s3:// / webdataset, pipe:curl", "ours, s3://", "webdataset, pipe:curl", ">= 3"),
+             ("ours, s3:// / webdataset, pipe:aws", "ours, s3://", "webdataset, pipe:aws s3 cp", ">= 3"),
+             ("ours, http:// / webdataset, pipe:curl", "ours, http://", "webdataset, pipe:curl", "")]
+    for label, a, b, target in pairs:
+        if a in table["2-4 MB"] and b in table["2-4 MB"]:
+            cells = "".join(f"{table[s][a] / table[s][b]:8.2f}" for s in ("2-4 MB", "64 MB"))
+            print(f"  {label:38}{cells}   {target}")
+        else:
+            print(f"  {label:38}   (not measured: {'s3:// back end not available' if NO_S3 else 'a row is missing'})")
+
+
+def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int) -> None:
+    """ExactEpochs (shuffled, one process) by an index with member places: samples/s of an
+    epoch, and the time to the first batch of a state resumed at 50% of the epoch."""
+    print(f"\nExactEpochs by an index with --places, shuffled (spans start mid-shard), one process "
+          f"(median of {rounds} rounds, alternating)\n")
+    print("| shards | reader | samples/s, an epoch | MB/s | first batch resumed at 50% (ms) |")
+    print("|---|---|---:|---:|---:|")
+    work = tempfile.mkdtemp(prefix="bench-storage-index-")
+    try:
+        for label in ("2-4 MB", "64 MB"):
+            indexes = {}
+            for scheme, urls in urls_by_scheme(endpoint, bucket, sets[label]).items():
+                path = os.path.join(work, f"{scheme}-{label.replace(' ', '')}.json")
+                wd.ShardIndex.from_scans(wd.build_index(urls, places=True)).save(path)
+                indexes[scheme] = path
+            epoch_s: dict[str, list[float]] = {}
+            resume_s: dict[str, list[float]] = {}
+            counted: dict[str, tuple[int, int]] = {}
+            for _, scheme in alternating(rounds, list(indexes)):
+                pipe = wd.ExactEpochs(indexes[scheme], batch_size=8, seed=1)
+                began, count, nbytes = time.perf_counter(), 0, 0
+                for sample in pipe:
+                    count += 1
+                    nbytes += sum(len(v) for k, v in sample.items() if not k.startswith("__"))
+                epoch_s.setdefault(scheme, []).append(time.perf_counter() - began)
+                counted[scheme] = (count, nbytes)
+                state = wd.EpochState(epoch=0, batches=pipe.batches_per_epoch // 2)
+                began = time.perf_counter()
+                resumed = wd.ExactEpochs(indexes[scheme], batch_size=8, seed=1).batch_samples(8)
+                resumed.load_state_dict(state)
+                next(iter(resumed))
+                resume_s.setdefault(scheme, []).append(time.perf_counter() - began)
+            for scheme in indexes:
+                seconds = statistics.median(epoch_s[scheme])
+                count, nbytes = counted[scheme]
+                print(f"| {label} | ours, {scheme}:// | {count / seconds:,.0f} | {nbytes / seconds / 1e6:,.0f} "
+                      f"| {statistics.median(resume_s[scheme]) * 1000:,.0f} |")
+            if "s3" in indexes:
+                print(f"|  | s3:// / http:// | {statistics.median(epoch_s['http']) / statistics.median(epoch_s['s3']):.2f}"
+                      " (target >= 0.9) | | |")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def cache_over_s3(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int) -> None:
+    """Epoch 1 and 2 with the cache over s3:// (2-4 MB shards, one process): epoch 2 reads
+    the local copies (each opening revalidated by the object's size and version)."""
+    print("\nThe cache over s3:// (2-4 MB shards, one process, load_tar().group_by_key())")
+    if NO_S3:
+        print(f"   not measured: s3:// {NO_S3}")
+        return
+    urls = urls_by_scheme(endpoint, bucket, sets["2-4 MB"])["s3"]
+    total = 0
+    results: dict[str, list[float]] = {}
+    for r in range(rounds):
+        folder = tempfile.mkdtemp(prefix="bench-storage-cache-")
+        try:
+            for label, cache in (("no cache", None), ("cache", folder)):
+                wd.set_cache(cache, "100GB" if cache else 0)
+                for e in (1, 2):
+                    began = time.perf_counter()
+                    total = sum(sum(len(v) for k, v in s.items() if not k.startswith("__"))
+                                for s in wd.ShardLister(urls).load_tar().group_by_key())
+                    results.setdefault(f"{label}, epoch {e}", []).append(time.perf_counter() - began)
+        finally:
+            wd.set_cache(None)
+            shutil.rmtree(folder, ignore_errors=True)
+    base = statistics.median(results["no cache, epoch 1"])
+    for label, seconds in results.items():
+        median = statistics.median(seconds)
+        print(f"   {label:<22} {total / median / 1e6:7,.0f} MB/s   {base / median:5.2f}x no cache, epoch 1")
+
+
+def _tiny_shard(i: int) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        data = f"{i}".encode()
+        info = tarfile.TarInfo(f"s{i:06d}.cls")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def bench_listing(endpoint: str, rounds: int) -> None:
+    """Time to the first sample of a bucket of 10,000 one-sample shards listed by glob, and
+    the time to list it all, for s3:// (ShardLister's glob) and ais:// (AISSourceLister)."""
+    global NO_S3
+    s3_environment(endpoint)
+    NO_S3 = s3_missing()
+    from aisio import AISSourceLister
+
+    bucket = get_client().bucket(LISTED_BUCKET)
+    bucket.delete(missing_ok=True)
+    bucket.create()
+    began = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: bucket.object(f"train/shard-{i:06d}.tar").get_writer().put_content(_tiny_shard(i)),
+                      range(LISTED_OBJECTS)))
+    print(f"\n3. Time to the first sample of a bucket of {LISTED_OBJECTS:,} objects listed by glob "
+          f"(put in {time.perf_counter() - began:.0f} s; median of {rounds} rounds, alternating)\n")
+    makers: dict[str, Callable[[], object]] = {
+        "ours, ais:// (AISSourceLister, glob)": lambda: AISSourceLister(f"ais://{LISTED_BUCKET}/train/*.tar"),
+    }
+    if not NO_S3:
+        makers["ours, s3:// (ShardLister, glob)"] = lambda: wd.ShardLister(f"s3://{LISTED_BUCKET}/train/*.tar")
+    first: dict[str, list[float]] = {}
+    whole: dict[str, list[float]] = {}
+    failed: dict[str, str] = {}
+    for _, name in alternating(rounds, list(makers)):
+        if name in failed:
+            continue
+        began = time.perf_counter()
+        try:
+            next(iter(makers[name]().load_tar().group_by_key()))
+        except Exception as exn:  # noqa: BLE001 - a row that fails says why; the others go on
+            failed[name] = f"{type(exn).__name__}: {str(exn)[:160]}"
+            continue
+        first.setdefault(name, []).append(time.perf_counter() - began)
+        began = time.perf_counter()
+        count = sum(1 for _ in makers[name]())
+        whole.setdefault(name, []).append(time.perf_counter() - began)
+        if count != LISTED_OBJECTS:
+            print(f"   WARNING: {name} listed {count} objects, not {LISTED_OBJECTS}")
+    print("| lister | first sample (ms) | the whole listing (ms) |")
+    print("|---|---:|---:|")
+    for name in makers:
+        if name in failed:
+            print(f"| {name} | failed: {failed[name]} | |")
+            continue
+        print(f"| {name} | {statistics.median(first[name]) * 1000:,.0f} | {statistics.median(whole[name]) * 1000:,.0f} |")
+    if NO_S3:
+        print(f"| ours, s3:// (ShardLister, glob) | {NO_S3} | |")
+    bucket.delete(missing_ok=True)
