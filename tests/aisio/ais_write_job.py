@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the tree's root, for tests.*
 
 from tests.writing.conftest import make_samples
 from wds_datapipes.writing import write_shards

@@ -17,9 +17,9 @@ import textwrap
 
 import pytest
 from builders import write_index
-from conftest import configured, shard_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_helpers import configured, shard_bytes
 
 import wds_datapipes as wd
 from wds_datapipes.errors import IndexMismatchError, ShardOpenError, ShardWriteError
@@ -241,7 +241,7 @@ def test_a_credential_provider_named_in_settings_gives_the_keys(s3_server, monke
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     settings_ = StoreSettings(endpoint=s3_server.endpoint, region="us-east-1", path_style=True,
-                              credential_provider="conftest:provided_credentials")
+                              credential_provider="store_helpers:provided_credentials")
     cloud_settings.set_store_settings(f"s3://{bucket}", settings_)
     try:
         with open_shard(f"s3://{bucket}/p.tar") as stream:

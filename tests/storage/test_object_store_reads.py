@@ -53,7 +53,7 @@ def test_reads_start_at_any_byte_and_carry_the_stamp(store):
 def test_a_broken_body_resumes_at_the_exact_byte(store, fault_proxy, monkeypatch, caplog, fault):
     """Every byte arrives once, in order, though the first answers of the object break (a
     stalled body is given up after Limits.http_timeout, 3 s here, not the proxy's 30 s)."""
-    from conftest import configured
+    from store_helpers import configured
 
     bucket = store.new_bucket()
     data = _data(2, 2_000_000)
@@ -71,7 +71,7 @@ def test_a_broken_body_resumes_at_the_exact_byte(store, fault_proxy, monkeypatch
 
 
 def test_random_faults_over_many_reads_lose_and_repeat_nothing(store, fault_proxy, monkeypatch):
-    from conftest import configured
+    from store_helpers import configured
 
     bucket = store.new_bucket()
     objects = {f"o{i}.tar": _data(10 + i, 200_000 + i) for i in range(6)}
@@ -88,7 +88,7 @@ def test_random_faults_over_many_reads_lose_and_repeat_nothing(store, fault_prox
 def test_an_object_changed_mid_read_is_a_read_error_saying_so(store, fault_proxy, monkeypatch):
     """The first answer is cut; before the resumed request reaches the server, the object is
     written again: the stream refuses to splice the new object onto the old one."""
-    from conftest import configured
+    from store_helpers import configured
 
     bucket = store.new_bucket()
     store.put(bucket, "obj.tar", _data(4, 1_000_000))
@@ -110,7 +110,7 @@ def test_an_object_changed_mid_read_is_a_read_error_saying_so(store, fault_proxy
 
 
 def test_a_failure_that_lasts_ends_in_an_error_naming_the_object_and_the_tries(store, fault_proxy, monkeypatch):
-    from conftest import configured
+    from store_helpers import configured
 
     bucket = store.new_bucket()
     store.put(bucket, "obj.tar", _data(6, 500_000))

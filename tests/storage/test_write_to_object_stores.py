@@ -8,6 +8,7 @@ them these tests skip, saying so.
 from __future__ import annotations
 
 import pytest
+from store_helpers import configured
 
 from tests.writing.conftest import make_samples
 from wds_datapipes.epochs.exact_epochs import ExactEpochs
@@ -18,12 +19,8 @@ from wds_datapipes.writing import write_shards
 
 @pytest.fixture(params=["s3", "gs", "az"])
 def store(request, monkeypatch):
-    """Each object-store test server, its standard variables set (tests/storage/conftest.py's ``configured``)."""
-    try:
-        from tests.storage.conftest import configured
-        server = request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}[request.param])
-    except (ImportError, pytest.FixtureLookupError):
-        pytest.skip("needs the object-store test servers and back ends (tests/server_fixtures.py, tests/storage)")
+    """Each object-store test server, its standard variables set (tests/storage/store_helpers.py's ``configured``)."""
+    server = request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}[request.param])
     return configured(server, monkeypatch)
 
 
