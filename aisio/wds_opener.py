@@ -13,33 +13,11 @@ from __future__ import annotations
 
 import importlib
 import io
-import os
-import tempfile
 
 from wds_datapipes.shards.openers import open_shard
-
-from .upload import upload_file
+from wds_datapipes.shards.wds_gopen import UploadOnClose
 
 _READ_BUFFER = 1 << 20  # tarfile reads 10 KiB at a time: buffer the raw stream
-
-
-class _UploadOnClose(io.BufferedWriter):
-    """A local temporary file that becomes the object ``url`` when closed."""
-
-    def __init__(self, url: str):
-        fd, self._path = tempfile.mkstemp(prefix="aisio-upload-", suffix=".part")
-        super().__init__(io.FileIO(fd, "wb"), buffer_size=_READ_BUFFER)
-        self.url = url
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            super().close()
-            upload_file(self._path, self.url)
-        finally:
-            if os.path.exists(self._path):
-                os.unlink(self._path)
 
 
 def gopen_ais(url: str, mode: str = "rb", bufsize: int = 8192, **kw) -> io.IOBase:
@@ -49,7 +27,7 @@ def gopen_ais(url: str, mode: str = "rb", bufsize: int = 8192, **kw) -> io.IOBas
     if mode == "rb":
         return io.BufferedReader(open_shard(url), buffer_size=_READ_BUFFER)
     if mode == "wb":
-        return _UploadOnClose(url)
+        return UploadOnClose(url)
     raise ValueError(f"{url}: cannot open in mode {mode!r} (rb or wb)")
 
 

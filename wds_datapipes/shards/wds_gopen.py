@@ -21,7 +21,7 @@ _READ_BUFFER = 1 << 20  # tarfile reads 10 KiB at a time: buffer the raw stream
 OBJECT_SCHEMES = ("s3", "gs", "az")
 
 
-class _UploadOnClose(io.BufferedWriter):
+class UploadOnClose(io.BufferedWriter):
     """A local temporary file that becomes the object ``url`` when closed (the back end's ``put``)."""
 
     def __init__(self, url: str):
@@ -48,7 +48,7 @@ def gopen_backend(url: str, mode: str = "rb", bufsize: int = 8192, **kw) -> io.I
     if mode == "rb":
         return io.BufferedReader(open_shard(url), buffer_size=_READ_BUFFER)
     if mode == "wb":
-        return _UploadOnClose(url)
+        return UploadOnClose(url)
     raise ValueError(f"{url}: cannot open in mode {mode!r} (rb or wb)")
 
 
