@@ -19,7 +19,7 @@ import logging
 from urllib.parse import quote, urlencode
 
 from wds_datapipes.errors import ShardOpenError
-from wds_datapipes.storage.resuming import Opened, ResumingStream, content_range
+from wds_datapipes.storage.resuming import Opened, ResumingStream, content_range, http_opened
 
 from . import rest
 from .client import AISUrl, endpoint
@@ -95,12 +95,7 @@ class AISObjectStream(ResumingStream):
         if reply.status in (200, 206):
             identity = (said.get("Ais-Version"), said.get("Ais-Checksum-Value"))
             version = None if identity == (None, None) else "/".join(part or "" for part in identity)
-            if reply.status == 206:
-                first, _, total = content_range(said.get("Content-Range"))
-                return Opened(reply, -1 if first is None else first, total, version, said.get("Content-Range"))
-            length = said.get("Content-Length")
-            size = int(length) if length and length.isdigit() and not said.get("Content-Encoding") else None
-            return Opened(reply, None, size, version)
+            return http_opened(reply, reply.status, said, version)
         body = rest.read_error_body(reply)
         size = content_range(said.get("Content-Range"))[2]
         if reply.status == 416 and size == offset:

@@ -20,7 +20,7 @@ import urllib.request
 
 from ..errors import STREAM_FAILURES, ShardOpenError, ShardReadError  # noqa: F401 - names kept for old imports
 from ..limits import Limits, get_limits
-from ..storage.resuming import Opened, ResumingStream, content_range
+from ..storage.resuming import Opened, ResumingStream, http_opened
 from ..storage.retry import RetryPolicy
 
 logger = logging.getLogger("wds_datapipes")
@@ -58,13 +58,7 @@ class HttpStream(ResumingStream):
         said = response.headers
         if self.headers is None:
             self.headers = said
-        version = said.get("ETag") or said.get("Last-Modified")
-        if response.status == 206:
-            first, _, total = content_range(said.get("Content-Range"))
-            return Opened(response, -1 if first is None else first, total, version, said.get("Content-Range"))
-        length = said.get("Content-Length")
-        size = int(length) if length and length.isdigit() and not said.get("Content-Encoding") else None
-        return Opened(response, None, size, version)
+        return http_opened(response, response.status, said, said.get("ETag") or said.get("Last-Modified"))
 
     def _read_body(self, body: http.client.HTTPResponse, view: memoryview) -> int:
         # One socket read at most: readinto() would wait to fill the whole buffer, and lose

@@ -290,6 +290,18 @@ def skip(stream: Any, count: int) -> int:
     return 0
 
 
+def http_opened(body: Any, status: int, headers, version: str | None) -> Opened:
+    """What an HTTP answer of ``status`` 200 or 206 says of its body: a 206 where its
+    Content-Range starts and the whole size; a 200 the whole object, its size the
+    Content-Length (unless the body is encoded: then the length is not the object's)."""
+    if status == 206:
+        first, _, total = content_range(headers.get("Content-Range"))
+        return Opened(body, -1 if first is None else first, total, version, headers.get("Content-Range"))
+    length = headers.get("Content-Length")
+    size = int(length) if length and length.isdigit() and not headers.get("Content-Encoding") else None
+    return Opened(body, None, size, version)
+
+
 def content_range(value: str | None) -> tuple[int | None, int | None, int | None]:
     """(first, last, total) of a ``Content-Range`` value (``bytes 5-999/1000``, ``bytes */1000``),
     each None where it is absent or unreadable."""
