@@ -157,7 +157,7 @@ def list_pages(target: Target, prefix: str, page_size: int) -> Iterator[list[dic
 
 
 def put(target: Target, path: str, key: str) -> dict[str, Any]:
-    """Uploads the file at ``path`` as ``key``, whole or not at all (multipart over 5 MiB)."""
+    """Uploads the file at ``path`` as ``key``, whole or not at all (multipart over the 8 MiB part size)."""
     obstore = obstore_module()
     try:
         with open(path, "rb") as source:
