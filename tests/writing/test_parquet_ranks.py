@@ -178,3 +178,27 @@ def test_groups_to_read_are_those_holding_a_row_of_the_ranks_shards(sizes, maxco
         model.append(any(((r // maxcount) if maxcount else 0) % world == rank for r in range(start, start + size)))
         start += size
     assert groups_to_read(sizes, maxcount, rank, world) == model
+
+
+def test_a_shard_whose_every_row_was_skipped_is_an_empty_tar_that_joins_verifies_and_resumes(tmp_path):
+    """oracle: the plan by place spelled out (rows 2 and 3, shard 1's two places, lack their jpg);
+    tarfile reads shard 1 as an archive of no member; `verify` over the joined index; a second run
+    of each rank resumes every shard."""
+    import tarfile
+
+    from wds_datapipes.cli import main
+
+    pq.write_table(pa.Table.from_pylist([{"key": f"k{i}", "jpg": None if i in (2, 3) else b"x" * i}
+                                         for i in range(8)]), tmp_path / "a.parquet", row_group_size=3)
+    common = {"maxcount": 2, "require": ["jpg"], "handler": ignore_and_continue, "fsync": False}
+    for rank in range(2):
+        write_shards(parquet_samples([str(tmp_path / "a.parquet")]), str(tmp_path / "out/s-%02d.tar"),
+                     rank=rank, world=2, **common)
+    joined = join_index(str(tmp_path / "out/index.json"), 2)
+    assert [int(n) for n in joined.sizes] == [2, 0, 2, 2]
+    with tarfile.open(tmp_path / "out/s-01.tar") as tar:
+        assert tar.getmembers() == []
+    assert main(["verify", str(tmp_path / "out/index.json")]) == 0
+    again = write_shards(parquet_samples([str(tmp_path / "a.parquet")]), str(tmp_path / "out/s-%02d.tar"),
+                         rank=1, world=2, **common)
+    assert (again.resumed, again.read, again.written, len(again.skipped)) == (2, 4, 2, 2)
