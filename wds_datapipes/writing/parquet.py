@@ -17,7 +17,10 @@ default; else ``<file stem>/<row number>``), one field per column:
 
 ``columns`` picks and renames: ``["jpg", "caption:txt", "image:png"]``. The samples go to
 :func:`~wds_datapipes.writing.write_shards` like any others: each goes to the one worker
-process that writes its shard, never to every worker.
+process that writes its shard, never to every worker. Without ``maxsize`` the writer plans
+them by place from the footers' row counts (row ``r`` in shard ``r // maxcount``), and a
+rank of several reads only the row groups holding rows of its own shards, and the key
+column alone of the others (:meth:`ParquetSamples.for_rank`).
 """
 
 from __future__ import annotations

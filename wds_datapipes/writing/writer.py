@@ -2,7 +2,8 @@
 
 The parent reads the input once, checks each sample (its key and field names, required
 fields, keys seen twice), plans which shard it goes to (:mod:`.plan`: by count and
-bytes, the same for any number of workers) and hands each of its rank's shards, whole,
+bytes, or by place for a row source such as Parquet without ``maxsize``; the same for any
+number of workers and ranks) and hands each of its rank's shards, whole,
 to one worker process (or writes it itself with ``workers=1``): a sample goes to one
 worker only, through a queue holding at most two shards per worker. Each shard is
 written to ``<name>.part`` and renamed when complete, with its offsets and member places
@@ -44,6 +45,7 @@ class WriteReport:
     """What a run (of one rank) did: inputs read, samples written, inputs skipped and why.
 
     ``read == written + len(skipped)`` always; shards complete before a resume count too.
+    A rank counts the inputs of its own shards: over the ranks, ``read`` adds up to the input.
     """
 
     read: int = 0
@@ -80,7 +82,10 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
         samples: dicts with ``__key__`` and fields (bytes, str, numbers, arrays, images, ...:
             encoded by suffix, see :mod:`wds_datapipes.decoding.encoding`; a
             :class:`FileBytes` is copied from its file by the OS); ``__source__``, where
-            given, names the input in errors and in the report.
+            given, names the input in errors and in the report. A row source (an iterable
+            with ``for_rank(rank, world, maxcount)``: :func:`~.parquet.parquet_samples`)
+            without ``maxsize`` is planned by place: every row, skipped or not, takes one of
+            a shard's ``maxcount`` places, and this rank reads only the rows of its shards.
         pattern: the shards' paths, e.g. ``"out/train-%06d.tar"``.
         maxcount, maxsize: a shard's most samples, most bytes (judged by the input's sizes,
             before ``map``).
