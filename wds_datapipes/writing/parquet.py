@@ -17,18 +17,21 @@ default; else ``<file stem>/<row number>``), one field per column:
 
 ``columns`` picks and renames: ``["jpg", "caption:txt", "image:png"]``. The samples go to
 :func:`~wds_datapipes.writing.write_shards` like any others: each goes to the one worker
-process that writes its shard, never to every worker.
+process that writes its shard, never to every worker. Without ``maxsize`` the writer plans
+them by place from the footers' row counts (row ``r`` in shard ``r // maxcount``), and a
+rank of several reads only the row groups holding rows of its own shards, and the key
+column alone of the others (:meth:`ParquetSamples.for_rank`).
 """
 
 from __future__ import annotations
 
-import functools
 import glob
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..threads import ordered_map, worker_threads
+from .plan import Counted, groups_to_read, row_shard, writes_shard
 from .shard_file import PROBLEMS, FileBytes
 
 PARQUET_SUFFIXES = (".parquet", ".parq")
@@ -79,36 +82,103 @@ def _columns(names: Sequence[str], columns: Sequence[str] | None, key: str | Non
 
 
 def parquet_samples(specs: Iterable[str], *, columns: Sequence[str] | None = None,
-                    key: str | None = None) -> Iterator[dict]:
+                    key: str | None = None) -> ParquetSamples:
     """Samples of the rows of Parquet files (files, folders, globs), in file and row order,
     read a row group at a time, projected to the key column and ``columns``
-    (``"name"`` or ``"name:field"``; default: every column)."""
-    pq = _pyarrow_parquet()
-    for path in parquet_files(specs):
-        reader = pq.ParquetFile(path)
-        try:
-            key_column, fields = _columns(reader.schema_arrow.names, columns, key)
-            read = ([key_column] if key_column is not None else []) + [c for c in fields if c != key_column]
-            base = os.path.dirname(os.path.abspath(path))
-            stem = os.path.basename(path).split(".")[0]
-            row = 0
-            with worker_threads(1, "wds-parquet") as pool:  # the next row group is read while this one is written
-                for _, future in ordered_map(functools.partial(reader.read_row_group, columns=read),
-                                             range(reader.num_row_groups), pool, window=2):
-                    table = future.result()
-                    for batch in table.to_batches(_BATCH):
-                        for values in batch.to_pylist():
-                            yield _sample(values, key_column, fields, f"{path}:{row}", stem, row, base)
-                            row += 1
-                    del table, future
-        finally:
-            reader.close()
+    (``"name"`` or ``"name:field"``; default: every column). An iterator; given to
+    :func:`~wds_datapipes.writing.write_shards` without ``maxsize``, a rank of several reads
+    only the row groups of its own shards (:meth:`ParquetSamples.for_rank`)."""
+    return ParquetSamples(specs, columns=columns, key=key)
+
+
+class ParquetSamples:
+    """The rows of Parquet files as samples (an iterator over all of them), and a row source
+    for the writer's plan by place: :meth:`for_rank` reads only the row groups holding rows of
+    one rank's shards and yields a :class:`~.plan.Counted` (its key only) for each other row."""
+
+    def __init__(self, specs: Iterable[str], *, columns: Sequence[str] | None = None, key: str | None = None):
+        self.specs, self.columns, self.key = list(specs), columns, key
+        self._all: Iterator[dict] | None = None
+
+    def __iter__(self) -> ParquetSamples:
+        return self
+
+    def __next__(self) -> dict:
+        if self._all is None:
+            self._all = self._rows(None)
+        return next(self._all)
+
+    def for_rank(self, rank: int, world: int, maxcount: int | None) -> Iterator[dict | Counted]:
+        """Every row, in order, planned by place (``maxcount`` rows a shard): a sample where its
+        row group holds a row of a shard ``rank`` writes (:func:`~.plan.groups_to_read`), else a
+        :class:`~.plan.Counted` with its key (the key column alone is read, where there is one)."""
+        pq = _pyarrow_parquet()
+        files = parquet_files(self.specs)
+        sizes = []
+        for path in files:
+            metadata = pq.read_metadata(path)
+            sizes.append([metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)])
+        wanted = iter(groups_to_read([n for groups in sizes for n in groups], maxcount, rank, world))
+        return self._rows([[next(wanted) for _ in groups] for groups in sizes], files,
+                          lambda row: writes_shard(row_shard(row, maxcount), rank, world))
+
+    def _rows(self, wanted: list[list[bool]] | None, files: list[str] | None = None,
+              mine: Callable[[int], bool] | None = None) -> Iterator[dict | Counted]:
+        """The rows of each file; with ``wanted`` (per file, per row group), a group not wanted
+        yields a :class:`~.plan.Counted` per row, its key column read alone; so does a row
+        of a group read for which ``mine`` (of the row's number in the whole input) is false."""
+        pq = _pyarrow_parquet()
+        counted = 0  # rows of the files before this one
+        for number, path in enumerate(files if files is not None else parquet_files(self.specs)):
+            reader = pq.ParquetFile(path)
+            try:
+                key_column, fields = _columns(reader.schema_arrow.names, self.columns, self.key)
+                read = ([key_column] if key_column is not None else []) + [c for c in fields if c != key_column]
+                groups = [True] * reader.num_row_groups if wanted is None else wanted[number]
+                base = os.path.dirname(os.path.abspath(path))
+                stem = os.path.basename(path).split(".")[0]
+                row = 0
+
+                def group(i: int, reader=reader, read=read, key_column=key_column, groups=groups):
+                    if groups[i]:
+                        return reader.read_row_group(i, columns=read)
+                    if key_column is not None:
+                        return reader.read_row_group(i, columns=[key_column])
+                    return reader.metadata.row_group(i).num_rows  # keys made of the row numbers: nothing read
+
+                with worker_threads(1, "wds-parquet") as pool:  # the next row group is read while this one is written
+                    for i, future in ordered_map(group, range(reader.num_row_groups), pool, window=2):
+                        table = future.result()
+                        if not groups[i]:
+                            for key_value in (table.column(0).to_pylist() if not isinstance(table, int)
+                                              else [None] * table):
+                                yield Counted(_key(key_value, key_column, stem, row))
+                                row += 1
+                            continue
+                        for batch in table.to_batches(_BATCH):
+                            for values in batch.to_pylist():
+                                if mine is None or mine(counted + row):
+                                    yield _sample(values, key_column, fields, f"{path}:{row}", stem, row, base)
+                                else:  # another rank's row in a group that straddles shards
+                                    yield Counted(_key(values[key_column] if key_column is not None else None,
+                                                       key_column, stem, row))
+                                row += 1
+                        del table, future
+                counted += row
+            finally:
+                reader.close()
+
+
+def _key(value: object, key_column: str | None, stem: str, row: int) -> str | None:
+    """A row's key: its key column's value as text, else ``<file stem>/<row number>``."""
+    key = value if key_column is not None else f"{stem}/{row:09d}"
+    return key if key is None or isinstance(key, str) else str(key)
 
 
 def _sample(values: dict, key_column: str | None, fields: dict, source: str, stem: str, row: int,
             base: str) -> dict:
-    key = values[key_column] if key_column is not None else f"{stem}/{row:09d}"
-    sample: dict = {"__key__": key if key is None or isinstance(key, str) else str(key), "__source__": source}
+    key = _key(values[key_column] if key_column is not None else None, key_column, stem, row)
+    sample: dict = {"__key__": key, "__source__": source}
     if key in (None, ""):
         sample[PROBLEMS] = [f"no key in column {key_column!r}"]
     for column, field in fields.items():
@@ -145,4 +215,4 @@ def _sample(values: dict, key_column: str | None, fields: dict, source: str, ste
     return sample
 
 
-__all__ = ["PARQUET_SUFFIXES", "parquet_files", "parquet_rows", "parquet_samples"]
+__all__ = ["PARQUET_SUFFIXES", "ParquetSamples", "parquet_files", "parquet_rows", "parquet_samples"]

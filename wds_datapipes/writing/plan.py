@@ -5,6 +5,11 @@ samples' sizes, ``maxcount``, ``maxsize`` and the world size alone, so every ran
 every run with the same input and settings makes the same plan. A resumed run, the
 ranks of a multi-machine conversion, and any number of worker processes therefore agree
 on each shard's samples without talking to each other.
+
+Two plans: by size (:func:`assign_shards`: the samples that pass the writer's checks, by
+count and bytes), and by place (:func:`row_shard`: every input, skipped or not, takes one
+of ``maxcount`` places), for inputs whose count is known without reading them (Parquet
+footers): then a rank reads only the row groups of its own shards (:func:`groups_to_read`).
 """
 
 from __future__ import annotations
@@ -52,6 +57,40 @@ def writes_shard(shard: int, rank: int, world: int) -> bool:
     return shard % world == rank
 
 
+class Counted:
+    """An input that takes its place in the plan but is not read here: a row of another rank's
+    shard (only its key, where known, is kept: keys must be unique across every rank's inputs)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str | None):
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"Counted({self.key!r})"
+
+
+def row_shard(row: int, maxcount: int | None) -> int:
+    """The shard of input ``row`` (counted from 0) in a plan by place: every input, written or
+    skipped, takes one of a shard's ``maxcount`` places (None: one shard)."""
+    return 0 if maxcount is None else row // maxcount
+
+
+def groups_to_read(group_rows: Iterable[int], maxcount: int | None, rank: int, world: int) -> list[bool]:
+    """For consecutive groups of inputs (Parquet row groups) of these sizes, planned by place
+    (:func:`row_shard`), whether each holds an input of a shard ``rank`` writes: a group that
+    straddles shards is read by every rank writing one of them."""
+    if maxcount is not None and maxcount < 1:
+        raise ValueError(f"maxcount must be >= 1, not {maxcount}")
+    wanted, start = [], 0
+    for rows in group_rows:
+        first, last = row_shard(start, maxcount), row_shard(start + rows - 1, maxcount)
+        wanted.append(rows > 0 and any(writes_shard(shard, rank, world)
+                                       for shard in range(first, min(last, first + world - 1) + 1)))
+        start += rows
+    return wanted
+
+
 def runs(numbers: Iterable[int]) -> Iterator[tuple[int, int, int]]:
     """(shard, first sample, end sample) for each run of equal shard numbers (sample numbers
     counted from 0), as :func:`assign_shards` yields them."""
@@ -65,4 +104,5 @@ def runs(numbers: Iterable[int]) -> Iterator[tuple[int, int, int]]:
         yield current, start, at + 1
 
 
-__all__ = ["assign_shards", "member_cost", "runs", "sample_cost", "writes_shard"]
+__all__ = ["Counted", "assign_shards", "groups_to_read", "member_cost", "row_shard", "runs", "sample_cost",
+           "writes_shard"]

@@ -2,7 +2,8 @@
 
 The parent reads the input once, checks each sample (its key and field names, required
 fields, keys seen twice), plans which shard it goes to (:mod:`.plan`: by count and
-bytes, the same for any number of workers) and hands each of its rank's shards, whole,
+bytes, or by place for a row source such as Parquet without ``maxsize``; the same for any
+number of workers and ranks) and hands each of its rank's shards, whole,
 to one worker process (or writes it itself with ``workers=1``): a sample goes to one
 worker only, through a queue holding at most two shards per worker. Each shard is
 written to ``<name>.part`` and renamed when complete, with its offsets and member places
@@ -32,7 +33,7 @@ from ..errors import ShardWriteError
 from ..handlers import Handler, reraise_exception
 from . import destination as dest
 from .compress import check_compression, compression_of
-from .plan import assign_shards, sample_cost, writes_shard
+from .plan import Counted, assign_shards, row_shard, sample_cost, writes_shard
 from .progress import ProgressLog, WriterSettings, join_index, progress_path
 from .shard_file import PROBLEMS, FileBytes, MemberOptions, ShardResult, check_fields, write_shard
 
@@ -44,6 +45,7 @@ class WriteReport:
     """What a run (of one rank) did: inputs read, samples written, inputs skipped and why.
 
     ``read == written + len(skipped)`` always; shards complete before a resume count too.
+    A rank counts the inputs of its own shards: over the ranks, ``read`` adds up to the input.
     """
 
     read: int = 0
@@ -80,7 +82,10 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
         samples: dicts with ``__key__`` and fields (bytes, str, numbers, arrays, images, ...:
             encoded by suffix, see :mod:`wds_datapipes.decoding.encoding`; a
             :class:`FileBytes` is copied from its file by the OS); ``__source__``, where
-            given, names the input in errors and in the report.
+            given, names the input in errors and in the report. A row source (an iterable
+            with ``for_rank(rank, world, maxcount)``: :func:`~.parquet.parquet_samples`)
+            without ``maxsize`` is planned by place: every row, skipped or not, takes one of
+            a shard's ``maxcount`` places, and this rank reads only the rows of its shards.
         pattern: the shards' paths, e.g. ``"out/train-%06d.tar"``.
         maxcount, maxsize: a shard's most samples, most bytes (judged by the input's sizes,
             before ``map``).
@@ -161,25 +166,57 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
     return report
 
 
+class _Skipped:
+    """An input the checks refused, holding its place in a plan by place (its shard stays a sample short)."""
+
+    __slots__ = ("source", "why")
+
+    def __init__(self, source: str, why: str):
+        self.source, self.why = source, why
+
+
 def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[str], handler: Handler,
          log: ProgressLog, pool: _Shards, report: WriteReport, progress, max_field_bytes: int | None = None) -> int:
-    """Plans every sample and hands this rank's shards to the pool; the plan's shard count."""
-    current: list[dict] = []
+    """Plans every sample and hands this rank's shards to the pool; the plan's shard count.
+
+    A row source (``for_rank``: :class:`~.parquet.ParquetSamples`) without ``maxsize`` is
+    planned by place (:func:`~.plan.row_shard`): it reads only the row groups of this
+    rank's shards, the others' rows counted from its footers."""
+    current: list[dict | None] = []
     shard = -1
     skips: list[tuple[int, str, str]] = []  # (shard being filled, input, why)
-    checked = _checked(samples, require, handler, skips, lambda: max(shard, 0), max_field_bytes)
-    first, second = itertools.tee(checked)
-    for (sample, _), number in zip(first, assign_shards((cost for _, cost in second), settings.maxcount,
-                                                        settings.maxsize)):
+    by_place = settings.maxsize is None and callable(getattr(samples, "for_rank", None))
+    if by_place:
+        inputs: Iterable = samples.for_rank(settings.rank, settings.world, settings.maxcount)  # type: ignore[attr-defined]
+        checked = _checked(inputs, require, handler, skips, lambda: max(shard, 0), max_field_bytes, by_place=True)
+        planned: Iterator[tuple[object, int]] = ((item, row_shard(row, settings.maxcount))
+                                                 for row, (item, _) in enumerate(checked))
+    else:
+        if settings.world > 1 and callable(getattr(samples, "for_rank", None)):
+            logger.warning("maxsize: each of the %d ranks reads every Parquet row group (the plan needs each "
+                           "row's size, known only by reading it)", settings.world)
+        checked = _checked(samples, require, handler, skips, lambda: max(shard, 0), max_field_bytes)
+        first, second = itertools.tee(checked)
+        planned = ((item, number) for (item, _), number in
+                   zip(first, assign_shards((cost for _, cost in second), settings.maxcount, settings.maxsize)))
+    for item, number in planned:
         if number != shard:
-            if current:
+            if shard >= 0:
                 _dispatch(shard, current, settings, log, pool, report, progress)
             shard, current = number, []
-        if writes_shard(number, settings.rank, settings.world):
-            current.append(sample)
+        mine = writes_shard(number, settings.rank, settings.world)
+        if isinstance(item, _Skipped):  # by place: its place stays empty
+            if mine:
+                report.read += 1
+                report.skipped.append((item.source, item.why))
+        elif isinstance(item, Counted):
+            if mine:
+                raise ShardWriteError(f"input {item.key!r} of shard {number} was not read by rank {settings.rank}, "
+                                      "which writes it (the row source and the plan disagree)", key=item.key)
+            current.append(None)
         else:
-            current.append(None)  # another rank's: only counted
-    if current:
+            current.append(item if mine else None)  # another rank's: only counted
+    if shard >= 0:
         _dispatch(shard, current, settings, log, pool, report, progress)
     for number, source, why in skips:
         if writes_shard(number, settings.rank, settings.world):
@@ -188,12 +225,20 @@ def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[st
     return shard + 1
 
 
-def _checked(samples: Iterable[dict], require: Sequence[str], handler: Handler,
+def _checked(samples: Iterable, require: Sequence[str], handler: Handler,
              skips: list[tuple[int, str, str]], filling: Callable[[], int],
-             max_field_bytes: int | None = None) -> Iterator[tuple[dict, int]]:
-    """(sample, planned bytes) of each input that passes the checks; the others go to the handler."""
+             max_field_bytes: int | None = None, by_place: bool = False) -> Iterator[tuple[object, int]]:
+    """(sample, planned bytes) of each input that passes the checks; the others go to the handler.
+    ``by_place``: a refused input yields a :class:`_Skipped` (it keeps its place), a
+    :class:`~.plan.Counted` passes unchecked, and every input's key counts as seen, even a
+    refused one's (so each rank, seeing every key, refuses the same repeats)."""
     seen: set[str] = set()
     for sample in samples:
+        if isinstance(sample, Counted):
+            if isinstance(sample.key, str):
+                seen.add(sample.key)
+            yield sample, 0
+            continue
         key = sample.get("__key__")
         try:
             fields = [name for name in sample if not name.startswith("_")]
@@ -220,7 +265,12 @@ def _checked(samples: Iterable[dict], require: Sequence[str], handler: Handler,
             error = exn if isinstance(exn, ShardWriteError) else ShardWriteError(
                 f"{type(exn).__name__}: {exn}", key=key if isinstance(key, str) else None, source=source)
             handler(error)
-            skips.append((filling(), source, error.reason or str(error)))
+            if by_place:
+                if isinstance(key, str):
+                    seen.add(key)
+                yield _Skipped(source, error.reason or str(error)), 0
+            else:
+                skips.append((filling(), source, error.reason or str(error)))
             continue
         seen.add(key)
         yield sample, cost
@@ -252,7 +302,7 @@ def _dispatch(shard: int, samples: list[dict | None], settings: WriterSettings, 
     """Writes (or hands on) one planned shard of this rank; another rank's is passed by."""
     if not writes_shard(shard, settings.rank, settings.world):
         return
-    plan = (len(samples), samples[0]["__key__"], samples[-1]["__key__"])
+    plan = (len(samples), samples[0]["__key__"] if samples else None, samples[-1]["__key__"] if samples else None)
     if shard in log.done:
         log.check_plan(shard, *plan)
         entry = log.done[shard]
