@@ -21,6 +21,9 @@ import tarfile
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from stack import needs_dataloader2
 from store_helpers import configured, shard_bytes
 
 import wds_datapipes as wd
@@ -84,6 +87,43 @@ def test_a_pipeline_s_settings_come_before_the_process_s_even_under_a_longer_pre
         assert settings_for(with_stores("s3://bucket/train/a.tar", None)) == process
     finally:
         cloud_settings.set_store_settings("s3://bucket/train/", None)
+
+
+PREFIXES = st.lists(st.sampled_from(["s3://", "s3://b", "s3://b/", "s3://b/t", "s3://b/t/x", "s3://bb", "gs://",
+                                      "gs://b/"]), unique=True, max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(process=PREFIXES, own=PREFIXES, whole=st.booleans(),
+       key=st.sampled_from(["s3://b/t/x.tar", "s3://bb/t.tar", "gs://b/a.tar", "az://b/a.tar", "s3://b/u.tar"]))
+def test_which_settings_a_url_gets_follows_the_documented_rule(process, own, whole, key):
+    """Oracle: a model of docs/storage.md's rule: the pipeline's longest prefix of the URL
+    (a bare StoreSettings: every URL), else the process's longest, else the defaults."""
+    named = {p: StoreSettings(region=f"process {p}") for p in process}
+    given_ = StoreSettings(region="own") if whole else {p: StoreSettings(region=f"own {p}") for p in own}
+    saved = (os.environ.pop(cloud_settings.SETTINGS_ENV, None), dict(cloud_settings._settings), cloud_settings._loaded_env)
+    try:
+        cloud_settings._settings.clear()
+        for prefix, value in named.items():
+            cloud_settings.set_store_settings(prefix, value)
+        got = settings_for(with_stores(key, PipelineStores.of(given_ or None)))
+    finally:
+        for prefix in named:
+            cloud_settings.set_store_settings(prefix, None)
+        if saved[0] is not None:
+            os.environ[cloud_settings.SETTINGS_ENV] = saved[0]
+        cloud_settings._settings.clear()
+        cloud_settings._settings.update(saved[1])
+        cloud_settings._loaded_env = saved[2]
+    own_matches = [p for p in (given_ if isinstance(given_, dict) else [""]) if key.startswith(p)]
+    process_matches = [p for p in named if key.startswith(p)]
+    if own_matches and given_:
+        expected = given_ if whole else given_[max(own_matches, key=len)]
+    elif process_matches:
+        expected = named[max(process_matches, key=len)]
+    else:
+        expected = StoreSettings()
+    assert got == expected
 
 
 def test_a_url_carries_its_pipeline_s_settings_through_pickles_and_paths_stay_paths():
@@ -222,13 +262,17 @@ WORKERS = textwrap.dedent("""
                             credentials_env={"access_key_id": "TEAM_KEY_ID", "secret_access_key": "TEAM_SECRET"})
         pipe = wd.ShardLister(spec, store=own).load_tar().map(named)
         assert len(list(wd.ShardLister(spec, store=own))) == 2  # obstore used in the parent before a fork
-        loader = DataLoader(pipe, num_workers=2, batch_size=None, multiprocessing_context=method)
+        if method == "dataloader2":
+            from torchdata.dataloader2 import DataLoader2
+            loader = DataLoader2(pipe, reading_service=wd.MultiProcessingReadingService(num_workers=2))
+        else:
+            loader = DataLoader(pipe, num_workers=2, batch_size=None, multiprocessing_context=method)
         json.dump([list(item) for item in loader], open(out, "w"))
         open(out + ".pickle", "wb").write(pickle.dumps(pipe))
 """)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", pytest.param("dataloader2", marks=needs_dataloader2)])
 def test_a_pipeline_s_settings_reach_fork_and_spawn_workers_and_its_pickle_holds_no_secret(two_ways, tmp_path,
                                                                                             method):
     """The process's environment points at another proxy, the keys come from the variables the
