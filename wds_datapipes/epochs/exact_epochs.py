@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..limits import Limits
+from ..storage.cloud_settings import StoreArg
 from .epoch_pipe import EpochPipe, Run
 from .index import ShardIndex
 from .plan import PlanSettings, Segment, plan_epoch
@@ -56,6 +57,9 @@ class ExactEpochs(EpochPipe):
             keeps its read alive. ``decode_batches`` decodes images from them; ``decode``
             copies each field into ``bytes`` first; other code may need ``bytes(field)``.
             A memoryview cannot be pickled: decode in the DataLoader worker, not after.
+        store: this pipeline's own object-store settings for the index and its shards,
+            ahead of the process's (as ``ShardLister``'s ``store``: a ``StoreSettings`` or
+            ``{prefix: StoreSettings}``); they hold no secret and pickle with the pipe.
 
     Epochs are counted as the loaders start them; ``set_epoch(e)`` sets the next one, as
     ``DistributedSampler.set_epoch`` does. ``state_dict()`` / ``load_state_dict()`` (also on
@@ -82,8 +86,10 @@ class ExactEpochs(EpochPipe):
         allow_pipe: bool = False,
         limits: Limits | None = None,
         views: bool = False,
+        store: StoreArg = None,
     ):
-        self.index = index if isinstance(index, ShardIndex) else ShardIndex.load(index, allow_pipe=allow_pipe)
+        self.index = (index.with_store(store) if isinstance(index, ShardIndex)
+                      else ShardIndex.load(index, allow_pipe=allow_pipe, store=store))
         settings = PlanSettings(seed=seed, batch_size=batch_size, mode=mode, shuffle=shuffle,
                                 samples_per_epoch=samples_per_epoch, lanes=lanes, block=block)
         super().__init__(settings, rank, world_size, limits, views)

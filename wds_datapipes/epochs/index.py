@@ -21,6 +21,7 @@ a run of members sharing a key, ``__meta__`` members and names without a dot lef
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import posixpath
@@ -34,6 +35,7 @@ import numpy as np
 from ..errors import IndexMismatchError, ShardOpenError, WdsError
 from ..shards.grouping import split_key
 from ..shards.openers import LocalPath, open_shard, open_source, stream_size, url_scheme
+from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
 from ..tar import iter_tar_places
 from .places import MemberPlaces, ShardPlaces, places_of_members, shard_stamp
 
@@ -150,10 +152,12 @@ class ShardIndex:
     # ------------------------------------------------------------ reading and writing
 
     @classmethod
-    def load(cls, location: str, *, allow_pipe: bool = False) -> ShardIndex:
-        """Reads an index (a local path or any URL a shard opener handles) and its offsets."""
+    def load(cls, location: str, *, allow_pipe: bool = False, store: StoreArg = None) -> ShardIndex:
+        """Reads an index (a local path or any URL a shard opener handles) and its offsets;
+        ``store``: object-store settings for it and its shards (:meth:`with_store`)."""
+        stores = PipelineStores.of(store)
         try:
-            data = _read_bytes(location)
+            data = _read_bytes(with_stores(location, stores))
         except ShardOpenError as exn:
             raise WdsError(f"cannot read the index {location!r}: {exn.reason or exn}") from None
         try:
@@ -178,11 +182,22 @@ class ShardIndex:
         index = cls(shards, base=base, allow_pipe=allow_pipe)
         extra = spec.get("wds_datapipes") or {}
         if extra.get("offsets"):
-            index._attach_offsets(_join(_base_of(location), extra["offsets"]), extra, location)
+            index._attach_offsets(with_stores(_join(_base_of(location), extra["offsets"]), stores), extra, location)
         if extra.get("places") and url_scheme(location) == "file":  # memory-mapped: local indexes only
             index.places = MemberPlaces.load(_base_of(location), extra["places"], [s.nsamples for s in shards],
                                              location)
-        return index
+        return index.with_store(stores)
+
+    def with_store(self, store: StoreArg) -> ShardIndex:
+        """This index read with a pipeline's own object-store settings: a copy whose ``s3://``,
+        ``gs://`` and ``az://`` shard URLs carry them (``ShardLister``'s ``store``); this
+        index itself where ``store`` is None. What it saves is unchanged (no settings in it)."""
+        stores = PipelineStores.of(store)
+        if stores is None:
+            return self
+        carried = copy.copy(self)
+        carried._urls = [with_stores(url, stores) for url in self._urls]
+        return carried
 
     def save(self, path: str, *, offsets: bool = True) -> None:
         """Writes the JSON index, and beside it the offsets file (when there are offsets) and
@@ -308,14 +323,16 @@ class ShardIndex:
 
 def build_index(urls: Iterable[str], *, jobs: int = 8, done: dict[str, ShardScan] | None = None,
                 on_scan: Callable[[ShardScan], None] | None = None, places: bool = False,
-                failed: dict[str, WdsError] | None = None) -> list[ShardScan]:
+                failed: dict[str, WdsError] | None = None, store: StoreArg = None) -> list[ShardScan]:
     """Scans shards ``jobs`` at a time; ``done`` holds scans from an earlier, interrupted run.
 
     ``places``: take each shard's member places too (scans in ``done`` without them are
     scanned again). ``failed``: where to put the error of each shard that cannot be read
-    (they are left out of the result); without it, the first such error is raised.
+    (they are left out of the result); without it, the first such error is raised. ``store``:
+    object-store settings for these URLs, ahead of the process's (as ``ShardLister``'s).
     """
-    urls = list(urls)
+    stores = PipelineStores.of(store)
+    urls = [with_stores(url, stores) for url in urls]
     done = {u: s for u, s in (done or {}).items() if s.places is not None or not places}
     todo = [u for u in urls if u not in done]
 

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 
 from ..limits import Limits
+from ..storage.cloud_settings import StoreArg
 from .epoch_pipe import EpochPipe, Run
 from .index import ShardIndex
 from .mixture import MixSettings, Window, epoch_windows, next_cursor, plan_mixture
@@ -63,7 +64,7 @@ class MixedEpochs(EpochPipe):
             ``"per_source"``: every batch from one source, the sources' batches in proportion
             (each source's count rounded to whole batches: down in ``drop`` mode, up with pads
             in ``pad`` mode). The last two give ranks whole batches only.
-        mode, shuffle, seed, rank, world_size, lanes, block, allow_pipe, limits, views: as
+        mode, shuffle, seed, rank, world_size, lanes, block, allow_pipe, limits, views, store: as
             for ExactEpochs; ``lanes`` and ``block`` apply per source (the blocks share one
             ``block`` by the sources' parts).
 
@@ -100,6 +101,7 @@ class MixedEpochs(EpochPipe):
         allow_pipe: bool = False,
         limits: Limits | None = None,
         views: bool = False,
+        store: StoreArg = None,
     ):
         named = _named(sources)
         names = tuple(name for name, _ in named)
@@ -116,8 +118,8 @@ class MixedEpochs(EpochPipe):
             choose=None if choose is None else tuple(choose.get(n) for n in names),
             samples_per_epoch=samples_per_epoch, stop=stop, batching=batching, seed=seed, batch_size=batch_size,
             mode=mode, shuffle=shuffle, lanes=lanes, block=block)
-        self.indexes = {name: index if isinstance(index, ShardIndex) else ShardIndex.load(index, allow_pipe=allow_pipe)
-                        for name, index in named}
+        self.indexes = {name: index.with_store(store) if isinstance(index, ShardIndex)
+                        else ShardIndex.load(index, allow_pipe=allow_pipe, store=store) for name, index in named}
         super().__init__(settings, rank, world_size, limits, views)
         self._anchor: tuple[int, dict[str, Cursor]] = (0, {})  # the first epoch of these settings, its starts
         self._windows(0, settings)  # a source to give samples without any: said now, not at the first epoch

@@ -164,7 +164,7 @@ def cached_copy(url: str, limits: Limits | None = None, revalidate: bool = True)
         return None
     settings = get_cache()
     try:
-        return _store(settings).held(str(url), limits or get_limits(), openers.open_source, revalidate)
+        return _store(settings).held(url, limits or get_limits(), openers.open_source, revalidate)
     except (OSError, sqlite3.Error, CacheDirectoryError) as exn:
         fault(settings.directory, f"the cache directory cannot be used ({type(exn).__name__}: {exn})", disable=True)
         return None
@@ -182,7 +182,7 @@ def _cached_open(url: str, start: int, limits: Limits | None, open_source: Calla
     except (OSError, sqlite3.Error, CacheDirectoryError) as exn:
         fault(settings.directory, f"the cache directory cannot be used ({type(exn).__name__}: {exn})", disable=True)
         return open_source(url, start, limits)
-    return store.open(str(url), start, limits or get_limits(), open_source)
+    return store.open(url, start, limits or get_limits(), open_source)  # the URL as given: it may carry settings
 
 
 def _store(settings: CacheSettings, create: bool = True) -> Store:

@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Callable
 
 from ..limits import Limits
+from ..storage.cloud_settings import object_identity
 from . import openers
 from .cache_settings import CacheSettings
 from .cache_streams import (
@@ -67,8 +68,9 @@ BOOT = _boot_id()  # this boot of the machine (Linux), or None
 
 
 def key_of(url: str) -> str:
-    """The entry's name: a hash of the whole URL (every ``pipe:`` command, bucket and query its own)."""
-    return hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+    """The entry's name: a hash of the whole URL (every ``pipe:`` command, bucket and query its
+    own), with an object store's endpoint where settings name one (``object_identity``)."""
+    return hashlib.sha256(object_identity(url).encode("utf-8", "surrogateescape")).hexdigest()[:40]
 
 
 def fault(directory: str, message: str, disable: bool = False) -> None:

@@ -10,6 +10,7 @@ from braceexpand import braceexpand
 
 from ..errors import NoShardsError
 from ..pipe_base import Pipe
+from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
 from ..topology import EpochSeed, ShardingRecord
 from ..torch_datapipes import (
     SHARDING_PRIORITIES,
@@ -55,17 +56,19 @@ def _variable_value(match: re.Match) -> str:
 
 
 class _ExpandedUrls(Pipe[str]):
-    """Yields the shard URLs that strings (or a pipe of strings) expand to."""
+    """Yields the shard URLs that strings (or a pipe of strings) expand to, each object-store
+    URL carrying ``stores`` (the lister's own settings) where given."""
 
-    def __init__(self, specs: str | Iterable[str] | IterDataPipe):
+    def __init__(self, specs: str | Iterable[str] | IterDataPipe, stores: PipelineStores | None = None):
         self.specs = [specs] if isinstance(specs, str) else specs
+        self.stores = stores
 
     def __iter__(self) -> Iterator[str]:
         for spec in self.specs:
             if not isinstance(spec, str):
                 raise TypeError(f"shard specs must be strings, got {type(spec).__name__}: {spec!r}")
             for url in expand_url_spec(spec):
-                yield from list_urls(url)  # lazily: a long listing's first URL before its end
+                yield from list_urls(with_stores(url, self.stores))  # lazily: a long listing's first URL before its end
 
 
 class _SeededOrder(Pipe[str]):
@@ -190,6 +193,11 @@ class ShardLister(ShardListBase):
             where a loader gives one: seed that too, e.g. ``DataLoader2.seed(n)``).
         allow_empty: let a worker or rank with no shard yield nothing instead of raising
             :class:`NoShardsError`.
+        store: this pipeline's own object-store settings, ahead of the process's
+            (:func:`~wds_datapipes.storage.cloud_settings.set_store_settings`): a
+            :class:`~wds_datapipes.storage.cloud_settings.StoreSettings` for every ``s3://``,
+            ``gs://`` and ``az://`` URL it lists, or ``{prefix: StoreSettings}``. Its URLs
+            carry them to ``load_tar`` and into DataLoader workers; they hold no secret.
 
     Under ``DataLoader2`` / ``DataLoader`` each worker and rank reads whole, distinct
     shards (round-robin over the, possibly shuffled, list).
@@ -205,9 +213,11 @@ class ShardLister(ShardListBase):
         shuffle: bool = False,
         seed: int | None = None,
         allow_empty: bool = False,
+        store: StoreArg = None,
     ):
         self.specs = urls
-        super().__init__(_ExpandedUrls(urls), shuffle=shuffle, seed=seed, allow_empty=allow_empty)
+        self.store = PipelineStores.of(store)
+        super().__init__(_ExpandedUrls(urls, self.store), shuffle=shuffle, seed=seed, allow_empty=allow_empty)
 
     def _describe_source(self) -> str:
         return repr(self.specs) if not isinstance(self.specs, IterDataPipe) else "the source pipe"

@@ -14,6 +14,12 @@ credentials themselves: it names environment variables, or a ``module:function``
 returns an obstore credential provider. Settings therefore pickle, print and log without a
 secret, and reach DataLoader workers started by fork or by spawn through the environment
 variable ``WDS_STORE_SETTINGS`` (JSON, written by :func:`set_store_settings`).
+
+One pipeline's own settings (``ShardLister(urls, store=StoreSettings(...))``) go down
+another way, with no global state: its URLs carry them (:class:`StoreUrl`, made by
+:func:`with_stores`) to the calls that open, stamp and list them, where
+:func:`settings_for` reads them ahead of the process's. Two pipelines naming one bucket
+with different settings each reach their own server, in one process and in workers.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import importlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -141,9 +148,7 @@ def set_store_settings(prefix: str, settings: StoreSettings | None) -> None:
     ``"s3://bucket/train/"``; the longest prefix wins); None removes them. Written to
     ``$WDS_STORE_SETTINGS`` too, so that worker processes started later (fork or spawn) use
     them. Stores built before are not rebuilt: set these before the pipeline first reads."""
-    scheme, sep, _ = prefix.partition("://")
-    if not sep or scheme.lower() not in SCHEMES:
-        raise ValueError(f"a settings prefix starts with {', '.join(s + '://' for s in SCHEMES)}: got {prefix!r}")
+    _check_prefix(prefix)
     _sync_from_env()
     if settings is None:
         _settings.pop(prefix, None)
@@ -158,10 +163,100 @@ def set_store_settings(prefix: str, settings: StoreSettings | None) -> None:
 
 
 def settings_for(url: str) -> StoreSettings:
-    """The settings for ``url``: those of the longest prefix set, else the defaults."""
+    """The settings for ``url``: its pipeline's own (a :class:`StoreUrl`'s, longest prefix),
+    else those of the longest prefix set for the process, else the defaults."""
+    own = url.stores.settings_for(url) if isinstance(url, StoreUrl) else None
+    if own is not None:
+        return own
     _sync_from_env()
     best = max((p for p in _settings if str(url).startswith(p)), key=len, default=None)
     return _settings[best] if best is not None else StoreSettings()
+
+
+def object_identity(url: str) -> str:
+    """What names the object ``url`` reads, for the shard cache's key: the URL, and after it
+    the endpoint where its settings (its pipeline's or the process's) name one: one bucket
+    name on two servers is two objects. An endpoint holds no secret (StoreSettings refuses
+    ``user:password@`` and queries). Any other URL: its text."""
+    text = str.__str__(url)
+    if text.partition("://")[0].lower() not in SCHEMES:
+        return text
+    endpoint = settings_for(url).endpoint
+    return text if endpoint is None else f"{text} at {endpoint}"
+
+
+# -- settings given to one pipeline in code
+
+@dataclass(frozen=True)
+class PipelineStores:
+    """Settings one pipeline was given in code (``ShardLister(urls, store=...)``, ``ExactEpochs``,
+    ``MixedEpochs``, ``build_index``): ``entries`` of (URL prefix, StoreSettings). For the URLs
+    under one of its prefixes (the longest wins) they replace the process's
+    :func:`set_store_settings` whole; other URLs keep those. Picklable, and holds no secret."""
+
+    entries: tuple[tuple[str, StoreSettings], ...]
+
+    @classmethod
+    def of(cls, store: StoreArg) -> PipelineStores | None:
+        """``store`` as a pipe's argument takes it: a StoreSettings (for every object-store URL
+        of the pipeline), ``{prefix: StoreSettings}`` (``"s3://"``, ``"s3://bucket"``, ...), or None."""
+        if store is None or isinstance(store, PipelineStores):
+            return store
+        if isinstance(store, StoreSettings):
+            return cls((("", store),))
+        if not isinstance(store, Mapping):
+            raise TypeError(f"store= takes a StoreSettings or {{prefix: StoreSettings}}, got {type(store).__name__}")
+        for prefix, settings in store.items():
+            _check_prefix(prefix)
+            if not isinstance(settings, StoreSettings):
+                raise TypeError(f"store={{{prefix!r}: ...}} takes a StoreSettings, got {type(settings).__name__}")
+        return cls(tuple(sorted(store.items())))
+
+    def settings_for(self, url: str) -> StoreSettings | None:
+        """The settings of the longest of its prefixes ``url`` starts with; None where none does."""
+        text = str.__str__(url)
+        best = max((e for e in self.entries if text.startswith(e[0])), key=lambda e: len(e[0]), default=None)
+        return None if best is None else best[1]
+
+
+# What a pipe's ``store=`` argument takes (see :meth:`PipelineStores.of`).
+StoreArg = StoreSettings | Mapping[str, StoreSettings] | PipelineStores | None
+
+
+class StoreUrl(str):
+    """An object-store URL that carries its pipeline's :class:`PipelineStores` to the calls that
+    open, stamp and list it: the settings go down with the URL through every pipe between
+    the lister and ``load_tar`` (shuffles, splits, maps that pass it on), and pickle with it."""
+
+    stores: PipelineStores
+
+    def __new__(cls, url: str, stores: PipelineStores):
+        self = super().__new__(cls, url)
+        self.stores = stores
+        return self
+
+    def __reduce__(self) -> tuple:
+        return StoreUrl, (str.__str__(self), self.stores)
+
+
+def with_stores(url: str, stores: PipelineStores | None) -> str:
+    """``url`` carrying ``stores`` (a :class:`StoreUrl`) where it is an object-store URL and
+    ``stores`` is given; otherwise ``url`` as it is. Only a plain ``str`` (or a StoreUrl) is
+    wrapped: a path found on disk (``LocalPath``) stays a path, whatever its text."""
+    if stores is None or type(url) not in (str, StoreUrl) or url.partition("://")[0].lower() not in SCHEMES:
+        return url
+    return StoreUrl(str.__str__(url), stores)
+
+
+def stores_of(url: str) -> PipelineStores | None:
+    """The pipeline settings ``url`` carries, if any (to pass on to the URLs made from it)."""
+    return url.stores if isinstance(url, StoreUrl) else None
+
+
+def _check_prefix(prefix: str) -> None:
+    scheme, sep, _ = str(prefix).partition("://")
+    if not sep or scheme.lower() not in SCHEMES:
+        raise ValueError(f"a settings prefix starts with {', '.join(s + '://' for s in SCHEMES)}: got {prefix!r}")
 
 
 def _sync_from_env() -> None:

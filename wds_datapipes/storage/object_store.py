@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import ShardOpenError, ShardWriteError
 from ..limits import Limits, get_limits
 from .backend import SHARD_SUFFIXES, Backend
-from .cloud_settings import ObjectUrl, settings_for
+from .cloud_settings import ObjectUrl, settings_for, stores_of, with_stores
 from .resuming import Opened, ResumingStream
 from .retry import RetryPolicy
 from .store_calls import (
@@ -54,8 +54,10 @@ _CREDENTIAL_HINTS = {
 }
 
 
-def _target(obj: ObjectUrl, limits: Limits | None) -> Target:
-    return Target(obj.scheme, obj.bucket, settings_for(str(obj)), limits or get_limits())
+def _target(url: str, obj: ObjectUrl, limits: Limits | None) -> Target:
+    """Where calls on ``url`` go: ``url``'s own settings where it carries its pipeline's
+    (:class:`~.cloud_settings.StoreUrl`), else the process's."""
+    return Target(obj.scheme, obj.bucket, settings_for(url), limits or get_limits())
 
 
 def explain(failure: StoreFailure, obj: ObjectUrl) -> str:
@@ -112,7 +114,7 @@ class ObjectStream(ResumingStream):
         self.object = ObjectUrl.parse(url)
         if not self.object.key or self.object.key.endswith("/"):
             raise ShardOpenError(url, "the URL names a bucket or a prefix, not an object")
-        self._target = _target(self.object, limits)
+        self._target = _target(url, self.object, limits)
         super().__init__(url, start, RetryPolicy.for_limits(self._target.limits))
 
     def _request(self, offset: int) -> Opened:
@@ -173,7 +175,7 @@ def stamp_object(url: str, limits: Limits | None = None) -> tuple[int | None, st
     """(size, version) of the object as the store says now (a HEAD)."""
     obj = ObjectUrl.parse(url)
     try:
-        target = _target(obj, limits)
+        target = _target(url, obj, limits)
         meta = calls().head(target, obj.key)
     except StoreFailure as failure:
         raise ShardOpenError(url, explain(_refined(failure, target, obj), obj)) from None
@@ -186,8 +188,10 @@ def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
     A glob (``s3://b/train/shard-*.tar``; ``*``, ``?`` and ``[...]`` stay within one ``/``
     segment, as in a local glob) yields the objects it matches; a prefix ending in ``/``
     (``s3://b/train/``) the shards directly in it (as a local directory does); any other
-    URL is itself. Nothing matched raises ShardOpenError naming the spec."""
+    URL is itself. Nothing matched raises ShardOpenError naming the spec. The URLs carry the
+    pipeline settings ``spec`` carries (:func:`~.cloud_settings.with_stores`)."""
     obj = ObjectUrl.parse(spec)
+    stores = stores_of(spec)
     globbed = bool(_GLOB_CHARS.intersection(obj.key))
     if not globbed and obj.key and not obj.key.endswith("/"):
         yield spec
@@ -204,11 +208,11 @@ def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
             return key.startswith(obj.key) and "/" not in rest and rest.endswith(SHARD_SUFFIXES)
     found = 0
     try:
-        for page in calls().list_pages(_target(obj, limits), prefix, LIST_PAGE_SIZE):
+        for page in calls().list_pages(_target(spec, obj, limits), prefix, LIST_PAGE_SIZE):
             for meta in page:
                 if matches(meta["path"]):
                     found += 1
-                    yield f"{obj.scheme}://{obj.bucket}/{meta['path']}"
+                    yield with_stores(f"{obj.scheme}://{obj.bucket}/{meta['path']}", stores)
     except StoreFailure as failure:
         if failure.kind == MISSING_OBJECT or "404" in failure.message:  # a listing finds no bucket
             failure = StoreFailure(MISSING_BUCKET, failure.message)
@@ -246,7 +250,7 @@ def put_object(path: str, url: str, limits: Limits | None = None) -> str | None:
     returns the version written (its ETag)."""
     obj = ObjectUrl.parse(url)
     try:
-        result = calls().put(_target(obj, limits), str(path), obj.key)
+        result = calls().put(_target(url, obj, limits), str(path), obj.key)
     except StoreFailure as failure:
         raise ShardWriteError(explain(failure, obj), shard=url) from None
     except OSError as exn:
