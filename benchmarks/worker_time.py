@@ -119,7 +119,9 @@ def report(epoch: dict) -> dict[str, float]:
         out[f"w{i}_faults_per_batch"] = (f1 - f0) / (len(w["batches"]) - 1)
         out[f"w{i}_last"] = w["end"] - built
         out[f"w{i}_total_cpu"] = u1 + s1
-    out["after_last_worker"] = end - max(w["end"] for w in epoch["workers"])
+    out["last_batch_made"] = max(w["end"] for w in epoch["workers"]) - built
+    out["last_batch_in_main"] = epoch["arrivals"][-1] - built
+    out["shutdown"] = end - epoch["arrivals"][-1]  # the workers stopped and joined
     return out
 
 
