@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader, IterDataPipe
 
 import wds_datapipes as wd
+from wds_datapipes.pipes import shared_batches
 
 
 class Timed(IterDataPipe):
@@ -62,6 +63,7 @@ class Timed(IterDataPipe):
                                       _usage(resource.getrusage(resource.RUSAGE_SELF))))
             yield batch
         record["end"] = time.perf_counter()
+        record["buffers"] = len(shared_batches._buffers)  # the shared-memory buffers this worker made
         if profiler is not None:
             profiler.dump_stats(os.path.join(self.folder, f"worker-{os.getpid()}.prof"))
         with open(os.path.join(self.folder, f"worker-{os.getpid()}.json"), "w") as f:
@@ -114,6 +116,8 @@ def report(epoch: dict) -> dict[str, float]:
         out[f"w{i}_first_faults"] = f0 - w["start_usage"][2]
         out[f"w{i}_start_faults"] = w["start_usage"][2]
         out[f"w{i}_samples"] = sum(b[1] for b in w["batches"])
+        out[f"w{i}_batches"] = len(w["batches"])
+        out[f"w{i}_fresh_buffers"] = w["buffers"]
         out[f"w{i}_user_ms"] = 1000 * (u1 - u0) / samples_after_first
         out[f"w{i}_sys_ms"] = 1000 * (s1 - s0) / samples_after_first
         out[f"w{i}_faults_per_batch"] = (f1 - f0) / (len(w["batches"]) - 1)
