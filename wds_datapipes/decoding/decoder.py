@@ -19,7 +19,7 @@ from ..limits import Limits, get_limits
 from ..pipe_base import Pipe
 from ..threads import check_positive, ordered_map, worker_threads
 from ..torch_datapipes import IterDataPipe, functional_datapipe
-from .images import check_image_formats, image_formats_for
+from .images import check_image_formats, image_formats_for, register_image_plugins
 from .media import AudioSpec, VideoSpec, media_handler
 from .specs import Spec, compile_spec, split_names
 from .values import SAFE_DECODERS, TRUSTING_DECODERS, gunzip
@@ -86,6 +86,7 @@ class SampleDecoder:
         self.allow_pickle = allow_pickle
         self.image_formats = None if image_formats is None else check_image_formats(image_formats)
         self.limits = limits or get_limits()
+        register_image_plugins()  # here, not in each loader worker forked after this (~50 imports each)
 
     def formats_for(self, suffix: str) -> tuple[str, ...]:
         """The Pillow formats an image field with this suffix may be opened as."""
