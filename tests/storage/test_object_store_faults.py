@@ -19,23 +19,30 @@ import time
 import pytest
 from fault_proxy import random_faults
 from store_helpers import configured
+from torch.utils.data import DataLoader
 
 import wds_datapipes as wd
 from wds_datapipes.errors import ShardReadError
+from wds_datapipes.limits import Limits
 from wds_datapipes.shards.openers import open_shard
 from wds_datapipes.storage import retry
 
 pytest.importorskip("obstore")
 pytestmark = pytest.mark.timeout(420)
 
-# Each fault as often as listed: cuts (a resume at the exact byte) most, stalls (each waits
-# out the read timeout) least.
-KINDS = ("reset", "reset", "500", "503", "503", "cut", "cut", "cut", "cut-unsized", "cut-unsized", "stall",
-         "stall-head")
+# How often each fault is drawn: cuts (a resume at the exact byte) most, stalls (each waits
+# out the 1 s read timeout) least; every kind fires many times over an epoch.
+WEIGHTS = {"cut": 28, "cut-unsized": 8, "reset": 8, "500": 5, "503": 9, "stall": 1, "stall-head": 1}
 # (shards, faults that must fire over the epoch) per store: the full 1,000 on AIStore's /s3,
 # fewer on the emulators (slower per request on a loaded machine; the same code reads all three).
-PLAN = {"s3": (220, 1000), "gs": (60, 250), "az": (60, 250)}
+PLAN = {"s3": (300, 1000), "gs": (60, 150), "az": (60, 150)}
 RATE = 0.8  # each GET (reads and listing pages) fails with this probability
+WORKERS = 4
+
+
+def weighted_faults(seed: int, rate: float, weights: dict[str, int]):
+    """A fault proxy schedule: each GET fails with probability ``rate``, the fault drawn by ``weights``."""
+    return random_faults(seed, rate, kinds=[kind for kind, n in weights.items() for _ in range(n)])
 
 
 def _write_shards(folder, count: int, seed: int) -> dict[str, bytes]:
@@ -93,20 +100,23 @@ def quick_backoff(monkeypatch):
 def test_a_thousand_faults_over_an_epoch_lose_and_repeat_nothing(object_server, fault_proxy, monkeypatch, tmp_path,
                                                                    quick_backoff):
     """Reads (first requests, resumed bodies) and listing pages all meet faults; the epoch
-    listed from a glob through the proxy holds every sample of every shard once."""
+    listed from a glob through the proxy, read by 4 DataLoader workers (forked: the waits for
+    timeouts overlap), holds every sample of every shard once."""
     count, wanted = PLAN[object_server.scheme]
     bucket = object_server.new_bucket()
     shards = _write_shards(tmp_path, count, seed=7)
     for name, data in shards.items():
         object_server.put(bucket, f"epoch/{name}", data)
-    through, proxy = fault_proxy(object_server, random_faults(seed=11, rate=RATE, kinds=KINDS), stall_s=60,
+    through, proxy = fault_proxy(object_server, weighted_faults(11, RATE, WEIGHTS), stall_s=60,
                                  retry_after=1, seed=5)
     configured(through, monkeypatch)
-    previous = wd.set_limits(http_timeout=1.5, http_retries=60)
+    previous = wd.set_limits(http_timeout=1, http_retries=60)
     started = time.monotonic()
-    try:
+    try:  # the workers list (each its share of the shards) and read, all through the proxy
         pipe = wd.ShardLister(through.url(bucket, "epoch/shard-*.tar")).load_tar().group_by_key()
-        got = _read(pipe)
+        loader = DataLoader(pipe, num_workers=WORKERS, batch_size=None, multiprocessing_context="fork",
+                            timeout=120)
+        got = _read(loader)
     finally:
         wd.set_limits(previous)
     took = time.monotonic() - started
@@ -117,3 +127,36 @@ def test_a_thousand_faults_over_an_epoch_lose_and_repeat_nothing(object_server, 
     assert all(n == 1 for n in got.values())
     assert proxy.faults >= wanted, dict(proxy.injected)
     assert set(proxy.injected) >= {"reset", "500", "503", "cut", "cut-unsized", "stall", "stall-head"}
+
+
+@pytest.mark.parametrize("then", ["stall", "stall-head"])
+def test_a_read_stalled_for_good_ends_within_its_timeout_naming_the_object(store, fault_proxy, monkeypatch, then):
+    """The first answer stalls after 300,000 bytes; every later one stalls at once (``stall``:
+    after its head; ``stall-head``: before it), for 120 s each: the read ends in a
+    ShardReadError naming the object and the byte reached, after about (http_retries + 1)
+    read timeouts, not after any 120 s stall; the bytes before it are the object's."""
+    bucket = store.new_bucket()
+    data = random.Random(8).randbytes(600_000)
+    store.put(bucket, "stalled.tar", data)
+
+    def schedule(request):
+        if request.method != "GET" or "stalled" not in request.path:
+            return "ok"
+        return "stall" if request.number == 0 else then
+
+    through, proxy = fault_proxy(store, schedule, stall_s=120,
+                                 cut_at=lambda r, n: 300_000 if r.number == 0 else 0)
+    configured(through, monkeypatch)
+    started = time.monotonic()
+    got = bytearray()
+    with pytest.raises(ShardReadError) as caught, \
+            open_shard(through.url(bucket, "stalled.tar"), 0, Limits(http_timeout=1, http_retries=2)) as stream:
+        while chunk := stream.read(65536):
+            got += chunk
+    took = time.monotonic() - started
+    message = str(caught.value)
+    print(f"{store.scheme} {then}: {took:.1f} s, {len(got)} bytes; {message}")
+    assert bytes(got) == data[:len(got)] and len(got) >= 256 << 10  # obstore's chunks: 256 KiB at least
+    assert "stalled.tar" in message and f"at byte {len(got)}" in message and "gave up" in message
+    assert took < 40, took  # 3 tries of a 1 s timeout (obstore's own 2 retries of a head too) and the waits
+    assert proxy.injected[then] >= 2

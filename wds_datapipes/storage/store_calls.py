@@ -139,11 +139,13 @@ def _chunks(stream) -> Iterator[bytes]:
         yield chunk
 
 
-def list_pages(target: Target, prefix: str, page_size: int) -> Iterator[list[dict[str, Any]]]:
-    """The objects under ``prefix`` (lexicographic key order, as S3, GCS and Azure list), page by page."""
+def list_pages(target: Target, prefix: str, page_size: int,
+               after: str | None = None) -> Iterator[list[dict[str, Any]]]:
+    """The objects under ``prefix`` (lexicographic key order, as S3, GCS and Azure list), page by
+    page; with ``after``, only the keys after it (a listing resumed past the last key it gave)."""
     obstore = obstore_module()
     try:
-        pages = iter(obstore.list(_store(target), prefix or None, chunk_size=page_size))
+        pages = iter(obstore.list(_store(target), prefix or None, offset=after, chunk_size=page_size))
     except Exception as exn:  # noqa: BLE001
         raise classify(exn) from None
     while True:
@@ -210,8 +212,8 @@ class _Agent:
         handle, meta = self._call("get", target, key, offset, if_match)
         return meta, self._drain(handle)
 
-    def list_pages(self, target: Target, prefix: str, page_size: int):
-        handle = self._call("list", target, prefix, page_size)
+    def list_pages(self, target: Target, prefix: str, page_size: int, after: str | None = None):
+        handle = self._call("list", target, prefix, page_size, after)
         return self._drain(handle)
 
     def put(self, target: Target, path: str, key: str) -> dict[str, Any]:
