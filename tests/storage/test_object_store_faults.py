@@ -1,7 +1,7 @@
 """A whole epoch of s3://, gs:// and az:// shards read through a proxy failing requests at
 random (resets, 500/503 with Retry-After, stalls, bodies cut with and without a length):
-every sample arrives exactly once, nothing hangs, and a read that stalls for good ends
-within its timeout in an error naming the object.
+every sample arrives exactly once, nothing hangs, a read that stalls for good ends
+within its timeout in an error naming the object, and a listing resumes after its last key.
 
 Oracle: the tar files as written, read back by the standard library's ``tarfile`` (the
 multiset of (shard, member, bytes' hash)), sharing no code with the reader under test.
@@ -25,7 +25,9 @@ import wds_datapipes as wd
 from wds_datapipes.errors import ShardReadError
 from wds_datapipes.limits import Limits
 from wds_datapipes.shards.openers import open_shard
-from wds_datapipes.storage import retry
+from wds_datapipes.storage import object_store, retry, store_calls
+from wds_datapipes.storage.cloud_settings import ObjectUrl
+from wds_datapipes.storage.store_calls import TRANSIENT, StoreFailure
 
 pytest.importorskip("obstore")
 pytestmark = pytest.mark.timeout(420)
@@ -160,3 +162,38 @@ def test_a_read_stalled_for_good_ends_within_its_timeout_naming_the_object(store
     assert "stalled.tar" in message and f"at byte {len(got)}" in message and "gave up" in message
     assert took < 40, took  # 3 tries of a 1 s timeout (obstore's own 2 retries of a head too) and the waits
     assert proxy.injected[then] >= 2
+
+
+def test_a_listing_that_breaks_between_pages_resumes_past_the_last_key(monkeypatch, quick_backoff):
+    """A store whose listing breaks after each page of 2 keys (3 times in a row, more than
+    obstore's own retries): the listing goes on past the last key it gave, each key once, in
+    order. Oracle: the keys, sorted (a store lists in key order)."""
+    keys = [f"p/shard-{i:02d}.tar" for i in range(7)]
+    asked = []
+
+    def list_pages(target, prefix, page_size, after=None):
+        asked.append(after)
+        rest = [k for k in keys if after is None or k > after]
+        if len(asked) % 4 not in (1, 0):  # of every 4 listings the 2nd and 3rd break at once
+            raise StoreFailure(TRANSIENT, "connection reset")
+        yield [{"path": k} for k in rest[:2]]
+        if rest[2:]:
+            raise StoreFailure(TRANSIENT, "connection reset")
+
+    monkeypatch.setattr(store_calls, "list_pages", list_pages)
+    listed = list(object_store.list_objects("s3://bucket/p/*.tar", Limits(http_retries=3)))
+    assert listed == [f"s3://bucket/{k}" for k in keys]
+    assert asked[:5] == [None, "p/shard-01.tar", "p/shard-01.tar", "p/shard-01.tar", "p/shard-03.tar"]
+
+
+def test_a_listing_after_a_key_gives_the_keys_after_it(store):
+    """What the resumed listing relies on, on each server: ``after`` lists only later keys.
+    Oracle: the keys put, sorted, after the given one."""
+    bucket = store.new_bucket()
+    keys = sorted(f"q/{name}.tar" for name in ("a", "b", "b0", "c", "d-1", "e"))
+    for key in keys:
+        store.put(bucket, key, b"x")
+    target = object_store._target(ObjectUrl.parse(store.url(bucket, "q/")), Limits())
+    for after in (None, "q/a.tar", "q/b.tar", "q/c", "q/e.tar"):
+        listed = [m["path"] for page in store_calls.list_pages(target, "q", 2, after) for m in page]
+        assert listed == [k for k in keys if after is None or k > after], after

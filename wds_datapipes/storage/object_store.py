@@ -209,8 +209,6 @@ def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
         try:
             for page in calls().list_pages(target, prefix, LIST_PAGE_SIZE, after):
                 for meta in page:
-                    if after is not None and meta["path"] <= after:
-                        continue  # a store that resumes at the key itself: listed already
                     after = meta["path"]
                     if matches(after):
                         found += 1

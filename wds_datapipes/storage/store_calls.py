@@ -142,7 +142,8 @@ def _chunks(stream) -> Iterator[bytes]:
 def list_pages(target: Target, prefix: str, page_size: int,
                after: str | None = None) -> Iterator[list[dict[str, Any]]]:
     """The objects under ``prefix`` (lexicographic key order, as S3, GCS and Azure list), page by
-    page; with ``after``, only the keys after it (a listing resumed past the last key it gave)."""
+    page; with ``after``, only the keys after it (a listing resumed past the last key it gave:
+    obstore's ``offset``, and the keys up to it dropped here, as Azurite ignores the offset)."""
     obstore = obstore_module()
     try:
         pages = iter(obstore.list(_store(target), prefix or None, offset=after, chunk_size=page_size))
@@ -155,7 +156,7 @@ def list_pages(target: Target, prefix: str, page_size: int,
             return
         except Exception as exn:  # noqa: BLE001
             raise classify(exn) from None
-        yield [dict(meta) for meta in page]
+        yield [dict(meta) for meta in page if after is None or meta["path"] > after]
 
 
 def put(target: Target, path: str, key: str) -> dict[str, Any]:
