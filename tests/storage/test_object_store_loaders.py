@@ -13,6 +13,7 @@ import collections
 import hashlib
 import io
 import json
+import os
 import random
 import subprocess
 import sys
@@ -131,3 +132,27 @@ def test_dataloader2_with_the_reading_service_reads_every_s3_sample_once_per_epo
     spec, expected = s3_shards
     for epoch in _run(tmp_path, "dataloader2", spec, parent_used=True):
         assert epoch == expected
+
+
+def test_the_agent_of_a_forked_worker_starts_without_importing_the_package(tmp_path, monkeypatch):
+    """Each worker forked after obstore started runs an agent process: it imports the storage
+    calls only, not the whole package (torch, the decoders: seconds of CPU per worker). A
+    ``torch`` that cannot be imported, first on the agent's path, shows it: the agent still
+    answers (obstore's failure to reach a closed port), where importing the package ended it."""
+    from wds_datapipes.limits import Limits
+    from wds_datapipes.storage import store_calls
+    from wds_datapipes.storage.cloud_settings import StoreSettings
+
+    (tmp_path / "torch.py").write_text("raise ImportError('the object-store agent imported torch')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    agent = store_calls._Agent()
+    try:
+        target = store_calls.Target("s3", "bucket", StoreSettings(endpoint="http://127.0.0.1:9", region="us-east-1",
+                                                                   path_style=True, anonymous=True),
+                                    Limits(http_timeout=2, http_retries=0))
+        with pytest.raises(store_calls.StoreFailure) as caught:
+            agent.head(target, "key.tar")
+        assert "agent process ended" not in str(caught.value) and "127.0.0.1:9" in str(caught.value)
+    finally:
+        agent._proc.stdin.close()
+        agent._proc.wait(timeout=30)
