@@ -194,7 +194,7 @@ class _Agent:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen([sys.executable, "-m", "wds_datapipes.storage.store_agent"],
+        self._proc = subprocess.Popen([sys.executable, "-c", _AGENT_BOOT, _PACKAGE_DIR],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.pid = os.getpid()
 
@@ -229,6 +229,27 @@ class _Agent:
 
 
 _the_agent: _Agent | None = None
+# The agent imports this room's modules only: the package's __init__ (torch, the decoders:
+# ~4 s of CPU, once per forked worker) is stood in for by a bare package of the same folder,
+# which runs it only if something (a credential provider) asks it for a name it lacks.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_AGENT_BOOT = """
+import os, sys, types
+package = types.ModuleType("wds_datapipes")
+package.__path__, package.__package__ = [sys.argv[1]], "wds_datapipes"
+package.__file__ = os.path.join(sys.argv[1], "__init__.py")
+
+def load_whole(name):
+    del package.__getattr__
+    with open(package.__file__) as source:
+        exec(compile(source.read(), package.__file__, "exec"), package.__dict__)
+    return getattr(package, name)
+
+package.__getattr__ = load_whole
+sys.modules["wds_datapipes"] = package
+from wds_datapipes.storage import store_agent
+store_agent.serve(sys.stdin.buffer, sys.stdout.buffer)
+"""
 
 
 def _agent() -> _Agent:
