@@ -197,3 +197,18 @@ def test_a_listing_after_a_key_gives_the_keys_after_it(store):
     for after in (None, "q/a.tar", "q/b.tar", "q/c", "q/e.tar"):
         listed = [m["path"] for page in store_calls.list_pages(target, "q", 2, after) for m in page]
         assert listed == [k for k in keys if after is None or k > after], after
+
+
+def test_a_body_cut_every_100_kb_is_read_to_its_end(store, fault_proxy, monkeypatch, quick_backoff):
+    """Every answer breaks after 100,000 bytes of its body: bytes arrive on each try, so the
+    read moves and is never given up on (3 retries in a row without progress allowed), each
+    byte once. Oracle: the bytes put."""
+    bucket = store.new_bucket()
+    data = random.Random(9).randbytes(1_000_000)
+    store.put(bucket, "cut.tar", data)
+    through, proxy = fault_proxy(store, lambda r: "cut" if r.method == "GET" and "cut" in r.path else "ok",
+                                 cut_at=lambda r, n: 100_000)
+    configured(through, monkeypatch)
+    with open_shard(through.url(bucket, "cut.tar"), 0, Limits(http_timeout=3, http_retries=3)) as stream:
+        assert stream.read() == data
+    assert proxy.injected["cut"] >= 9
