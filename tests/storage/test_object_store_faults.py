@@ -212,3 +212,20 @@ def test_a_body_cut_every_100_kb_is_read_to_its_end(store, fault_proxy, monkeypa
     with open_shard(through.url(bucket, "cut.tar"), 0, Limits(http_timeout=3, http_retries=3)) as stream:
         assert stream.read() == data
     assert proxy.injected["cut"] >= 9
+
+
+def test_a_transient_listing_failure_of_a_bucket_named_with_404_is_retried(monkeypatch, quick_backoff):
+    """A reset while listing ``test-5d404ba1840d`` (a name holding "404", as the fixtures' random
+    names do now and then) is a transient failure, retried, not "the bucket does not exist"."""
+    asked = []
+
+    def list_pages(target, prefix, page_size, after=None):
+        asked.append(after)
+        if len(asked) == 1:
+            raise StoreFailure(TRANSIENT, "GenericError: Error performing GET http://127.0.0.1:35947/devstoreaccount1/"
+                                          "test-5d404ba1840d?restype=container&comp=list - error sending request")
+        yield [{"path": "p/a.tar"}]
+
+    monkeypatch.setattr(store_calls, "list_pages", list_pages)
+    assert list(object_store.list_objects("az://test-5d404ba1840d/p/*.tar", Limits())) == [
+        "az://test-5d404ba1840d/p/a.tar"]
