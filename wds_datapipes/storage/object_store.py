@@ -42,6 +42,7 @@ from .store_calls import (
     StoreFailure,
     Target,
     calls,
+    not_found,
 )
 
 LIST_PAGE_SIZE = 1000  # objects per listing request (S3's most)
@@ -155,7 +156,7 @@ def _refined(failure: StoreFailure, target: Target, obj: ObjectUrl) -> StoreFail
     try:
         next(iter(calls().list_pages(target, obj.key.rpartition("/")[0], 1)), None)
     except StoreFailure as listed:
-        if listed.kind in (MISSING_BUCKET, MISSING_OBJECT) or "404" in listed.message:
+        if not_found(listed):
             return StoreFailure(MISSING_BUCKET, failure.message)
     return failure
 
@@ -216,7 +217,7 @@ def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
                 attempts.progress()
             break
         except StoreFailure as failure:
-            if failure.kind == MISSING_OBJECT or "404" in failure.message:  # a listing finds no bucket
+            if not_found(failure):  # a listing finds no bucket
                 failure = StoreFailure(MISSING_BUCKET, failure.message)
             why = explain(failure, obj)
             if failure.kind != TRANSIENT:

@@ -34,6 +34,7 @@ MISSING_OBJECT, MISSING_BUCKET, DENIED, CREDENTIALS, CHANGED, PAST_END, REFUSED,
     "missing object", "missing bucket", "access denied", "missing or rejected credentials",
     "the object changed", "range past the end", "request refused", "transient")
 _CLIENT_ERROR = re.compile(r"status code: (4\d\d)")
+_NOT_FOUND = re.compile(r"status code: 404\b")
 
 
 class StoreFailure(Exception):
@@ -87,6 +88,12 @@ def classify(exn: BaseException) -> StoreFailure:
     if status and status.group(1) not in ("408", "429"):  # the server refuses: asking again changes nothing
         return StoreFailure(REFUSED, message)
     return StoreFailure(TRANSIENT, f"{name}: {message}")
+
+
+def not_found(failure: StoreFailure) -> bool:
+    """Whether the server answered 404 (a missing object, or to a listing a missing bucket):
+    the kind, or the status in obstore's words, never a "404" in a URL or a bucket's name."""
+    return failure.kind in (MISSING_OBJECT, MISSING_BUCKET) or bool(_NOT_FOUND.search(failure.message))
 
 
 @dataclass(frozen=True)
