@@ -79,8 +79,8 @@ def test_a_listing_is_paged_and_its_first_url_comes_before_it_ends(listed_bucket
     pages = []
     real = store_calls.list_pages
 
-    def counted(target, prefix, page_size):
-        for page in real(target, prefix, page_size):
+    def counted(target, prefix, page_size, after=None):
+        for page in real(target, prefix, page_size, after):
             pages.append(len(page))
             yield page
 

@@ -12,7 +12,7 @@ the calls stay safe across ``fork``: :mod:`.store_calls`.
   ETag (``If-Match``, and the ETag of every later answer compared): a changed object is
   a :class:`~wds_datapipes.errors.ShardReadError` saying so, never a spliced stream.
 - ``stamp``: (size, version) by a HEAD; ``list``: globs and prefixes, page by page, in the
-  store's key order; ``put``: a local file uploaded whole or not at all (multipart).
+  store's key order, a failed page retried under the same policy from the last key listed; ``put``: a local file uploaded whole or not at all (multipart).
 
 A missing object, a missing bucket, denied access and missing credentials are each a
 :class:`~wds_datapipes.errors.ShardOpenError` of their own words, raised when the shard
@@ -29,8 +29,8 @@ from ..errors import ShardOpenError, ShardWriteError
 from ..limits import Limits, get_limits
 from .backend import SHARD_SUFFIXES, Backend
 from .cloud_settings import ObjectUrl, settings_for, stores_of, with_stores
-from .resuming import Opened, ResumingStream
-from .retry import RetryPolicy
+from .resuming import Opened, ResumingStream, logger
+from .retry import Attempts, RetryPolicy
 from .store_calls import (
     CHANGED,
     CREDENTIALS,
@@ -42,6 +42,7 @@ from .store_calls import (
     StoreFailure,
     Target,
     calls,
+    not_found,
 )
 
 LIST_PAGE_SIZE = 1000  # objects per listing request (S3's most)
@@ -157,7 +158,7 @@ def _refined(failure: StoreFailure, target: Target, obj: ObjectUrl) -> StoreFail
     try:
         next(iter(calls().list_pages(target, obj.key.rpartition("/")[0], 1)), None)
     except StoreFailure as listed:
-        if listed.kind in (MISSING_BUCKET, MISSING_OBJECT) or "404" in listed.message:
+        if not_found(listed):
             return StoreFailure(MISSING_BUCKET, failure.message)
     return failure
 
@@ -206,17 +207,28 @@ def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
         def matches(key: str) -> bool:
             rest = key[len(obj.key):]
             return key.startswith(obj.key) and "/" not in rest and rest.endswith(SHARD_SUFFIXES)
-    found = 0
-    try:
-        for page in calls().list_pages(_target(spec, obj, limits), prefix, LIST_PAGE_SIZE):
-            for meta in page:
-                if matches(meta["path"]):
-                    found += 1
-                    yield with_stores(f"{obj.scheme}://{obj.bucket}/{meta['path']}", stores)
-    except StoreFailure as failure:
-        if failure.kind == MISSING_OBJECT or "404" in failure.message:  # a listing finds no bucket
-            failure = StoreFailure(MISSING_BUCKET, failure.message)
-        raise ShardOpenError(spec, explain(failure, obj)) from None
+    found, after = 0, None  # after: the last key listed (a failed page resumes past it)
+    target = _target(spec, obj, limits)
+    attempts = Attempts(RetryPolicy.for_limits(target.limits))
+    while True:
+        try:
+            for page in calls().list_pages(target, prefix, LIST_PAGE_SIZE, after):
+                for meta in page:
+                    after = meta["path"]
+                    if matches(after):
+                        found += 1
+                        yield with_stores(f"{obj.scheme}://{obj.bucket}/{after}", stores)
+                attempts.progress()
+            break
+        except StoreFailure as failure:
+            if not_found(failure):  # a listing finds no bucket
+                failure = StoreFailure(MISSING_BUCKET, failure.message)
+            why = explain(failure, obj)
+            if failure.kind != TRANSIENT:
+                raise ShardOpenError(spec, why) from None
+            if not attempts.failed(why):
+                raise ShardOpenError(spec, f"listing: {attempts.gave_up(why)}") from None
+            logger.warning("%s: listing failed (%s); trying again after key %r", spec, why, after)
     if not found:
         raise ShardOpenError(spec, "no object matches" if globbed else "no shard under this prefix")
 

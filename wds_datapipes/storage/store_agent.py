@@ -1,6 +1,8 @@
 """The object-store agent: makes obstore calls for a process that cannot (see :mod:`.store_calls`).
 
-Run as ``python -m wds_datapipes.storage.store_agent`` by that process, it reads requests
+Started by that process with this room's modules only (``store_calls._AGENT_BOOT``: not the
+package's ``__init__``, which imports torch), or as ``python -m
+wds_datapipes.storage.store_agent``, it reads requests
 from its standard input and answers on its standard output (length-prefixed pickles),
 one at a time, until its input ends. Open reads and listings are kept by a handle and
 moved on by ``next`` requests, so an abandoned read costs nothing but its close.

@@ -34,6 +34,7 @@ MISSING_OBJECT, MISSING_BUCKET, DENIED, CREDENTIALS, CHANGED, PAST_END, REFUSED,
     "missing object", "missing bucket", "access denied", "missing or rejected credentials",
     "the object changed", "range past the end", "request refused", "transient")
 _CLIENT_ERROR = re.compile(r"status code: (4\d\d)")
+_NOT_FOUND = re.compile(r"status code: 404\b")
 
 
 class StoreFailure(Exception):
@@ -89,6 +90,12 @@ def classify(exn: BaseException) -> StoreFailure:
     return StoreFailure(TRANSIENT, f"{name}: {message}")
 
 
+def not_found(failure: StoreFailure) -> bool:
+    """Whether the server answered 404 (a missing object, or to a listing a missing bucket):
+    the kind, or the status in obstore's words, never a "404" in a URL or a bucket's name."""
+    return failure.kind in (MISSING_OBJECT, MISSING_BUCKET) or bool(_NOT_FOUND.search(failure.message))
+
+
 @dataclass(frozen=True)
 class Target:
     """Which store a call goes to: scheme, bucket, settings and the limits its client takes."""
@@ -139,11 +146,14 @@ def _chunks(stream) -> Iterator[bytes]:
         yield chunk
 
 
-def list_pages(target: Target, prefix: str, page_size: int) -> Iterator[list[dict[str, Any]]]:
-    """The objects under ``prefix`` (lexicographic key order, as S3, GCS and Azure list), page by page."""
+def list_pages(target: Target, prefix: str, page_size: int,
+               after: str | None = None) -> Iterator[list[dict[str, Any]]]:
+    """The objects under ``prefix`` (lexicographic key order, as S3, GCS and Azure list), page by
+    page; with ``after``, only the keys after it (a listing resumed past the last key it gave:
+    obstore's ``offset``, and the keys up to it dropped here, as Azurite ignores the offset)."""
     obstore = obstore_module()
     try:
-        pages = iter(obstore.list(_store(target), prefix or None, chunk_size=page_size))
+        pages = iter(obstore.list(_store(target), prefix or None, offset=after, chunk_size=page_size))
     except Exception as exn:  # noqa: BLE001
         raise classify(exn) from None
     while True:
@@ -153,7 +163,7 @@ def list_pages(target: Target, prefix: str, page_size: int) -> Iterator[list[dic
             return
         except Exception as exn:  # noqa: BLE001
             raise classify(exn) from None
-        yield [dict(meta) for meta in page]
+        yield [dict(meta) for meta in page if after is None or meta["path"] > after]
 
 
 def put(target: Target, path: str, key: str) -> dict[str, Any]:
@@ -191,7 +201,7 @@ class _Agent:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen([sys.executable, "-m", "wds_datapipes.storage.store_agent"],
+        self._proc = subprocess.Popen([sys.executable, "-c", _AGENT_BOOT, _PACKAGE_DIR],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.pid = os.getpid()
 
@@ -210,8 +220,8 @@ class _Agent:
         handle, meta = self._call("get", target, key, offset, if_match)
         return meta, self._drain(handle)
 
-    def list_pages(self, target: Target, prefix: str, page_size: int):
-        handle = self._call("list", target, prefix, page_size)
+    def list_pages(self, target: Target, prefix: str, page_size: int, after: str | None = None):
+        handle = self._call("list", target, prefix, page_size, after)
         return self._drain(handle)
 
     def put(self, target: Target, path: str, key: str) -> dict[str, Any]:
@@ -226,6 +236,27 @@ class _Agent:
 
 
 _the_agent: _Agent | None = None
+# The agent imports this room's modules only: the package's __init__ (torch, the decoders:
+# ~4 s of CPU, once per forked worker) is stood in for by a bare package of the same folder,
+# which runs it only if something (a credential provider) asks it for a name it lacks.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_AGENT_BOOT = """
+import os, sys, types
+package = types.ModuleType("wds_datapipes")
+package.__path__, package.__package__ = [sys.argv[1]], "wds_datapipes"
+package.__file__ = os.path.join(sys.argv[1], "__init__.py")
+
+def load_whole(name):
+    del package.__getattr__
+    with open(package.__file__) as source:
+        exec(compile(source.read(), package.__file__, "exec"), package.__dict__)
+    return getattr(package, name)
+
+package.__getattr__ = load_whole
+sys.modules["wds_datapipes"] = package
+from wds_datapipes.storage import store_agent
+store_agent.serve(sys.stdin.buffer, sys.stdout.buffer)
+"""
 
 
 def _agent() -> _Agent:
