@@ -175,3 +175,14 @@ def test_shards_in_a_store_with_the_index_and_progress_kept_locally_resume_and_r
     assert again.resumed == 4 and store.puts == ["s-0002.tar"]
     keys = [s["__key__"] for s in ExactEpochs(index, batch_size=1, shuffle=False, rank=0, world_size=1)]
     assert keys == [s["__key__"] for s in samples]
+
+
+def test_a_failure_is_a_missing_object_by_its_words_or_status_never_by_digits_in_a_name():
+    """A transient failure naming a bucket whose name holds 404 is tried again, not taken for a missing one."""
+    from wds_datapipes.writing.destination import is_missing
+
+    assert not is_missing(ConnectionResetError("reset while uploading to s3://test-5d404ba1840d/s-0404.tar"))
+    assert not is_missing(OSError("503 from bucket runs-404.b"))
+    assert is_missing(OSError("HTTP Error 404: Not Found"))
+    assert is_missing(OSError("Server returned non-2xx status code: 404"))
+    assert is_missing(FileNotFoundError("s3://b/k"))

@@ -24,6 +24,7 @@ import importlib
 import json
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 import time
@@ -107,7 +108,11 @@ def is_missing(exn: BaseException) -> bool:
     if isinstance(exn, FileNotFoundError):
         return True
     text = str(getattr(exn, "reason", None) or exn).lower()
-    return any(words in text for words in ("does not exist", "not found", "404", "nosuchkey", "no such file"))
+    return any(words in text for words in ("does not exist", "not found", "nosuchkey", "no such file")) \
+        or _STATUS_404.search(text) is not None
+
+
+_STATUS_404 = re.compile(r"(?<![\w.-])404(?![\w.-])")  # a status, not digits in a bucket's or key's name
 
 
 class RemoteFiles:
