@@ -89,6 +89,7 @@ def test_a_presigned_read_resumes_at_the_exact_byte(store, fault_proxy, monkeypa
             got += chunk
     assert bytes(got) == data[1000:]
     assert [r for r in caplog.records if "resuming at byte" in r.message or "trying again" in r.message]
+    assert bool(_signed(proxy)) == (store.scheme in SIGNS)
 
 
 def test_an_object_changed_mid_presigned_read_is_a_read_error_saying_so(store, fault_proxy, monkeypatch, forked):

@@ -52,6 +52,7 @@ logger = logging.getLogger("wds_datapipes")
 
 LIST_PAGE_SIZE = 1000  # objects per listing request (S3's most)
 _GLOB_CHARS = frozenset("*?[")
+PRESIGNED_READS = True  # False: a forked process's agent relays every byte (the bench compares the two)
 _unsigned: set[tuple[int, Target]] = set()  # (process, store) that could not presign: its bytes come through the agent
 
 _CREDENTIAL_HINTS = {
@@ -127,7 +128,7 @@ class ObjectStream(ResumingStream):
             raise ShardOpenError(url, "the URL names a bucket or a prefix, not an object")
         self._target = _target(self.object, limits)
         self._signed: SignedUrl | None = None
-        self._direct = forked_after_runtime() and (os.getpid(), self._target) not in _unsigned
+        self._direct = PRESIGNED_READS and forked_after_runtime() and (os.getpid(), self._target) not in _unsigned
         super().__init__(url, start, RetryPolicy.for_limits(self._target.limits))
 
     def _request(self, offset: int) -> Opened:
