@@ -158,8 +158,10 @@ class ObjectStream(ResumingStream):
             try:
                 return open_signed(self._signed, offset, self._version, self.timeouts())
             except StoreFailure as failure:
-                if failure.kind != DENIED or fresh:
+                if failure.kind != DENIED:
                     raise
+                if fresh:  # denied to a URL just signed (a header the URL cannot carry?): the agent asks
+                    return self._unsignable(failure)
             fresh = True  # a 403 to a URL signed earlier: it may have expired, so sign once more
             if not self._sign():
                 return None
@@ -170,13 +172,17 @@ class ObjectStream(ResumingStream):
             if proxied(signed):
                 raise StoreFailure("a proxy is configured", "obstore honours it, http.client does not")
         except StoreFailure as failure:
-            _unsigned.add((os.getpid(), self._target))
-            self._direct, self._signed = False, None
-            logger.info("%s://%s: no presigned reads (%s); bytes come through the store agent",
-                        self.object.scheme, self.object.bucket, failure)
+            self._unsignable(failure)
             return False
         self._signed = signed
         return True
+
+    def _unsignable(self, failure: StoreFailure) -> None:
+        """From now on this process reads this store's objects through the agent (logged once)."""
+        _unsigned.add((os.getpid(), self._target))
+        self._direct, self._signed = False, None
+        logger.info("%s://%s: no presigned reads (%s); bytes come through the store agent",
+                    self.object.scheme, self.object.bucket, failure)
 
     def _retryable(self, exn: BaseException) -> bool:
         return isinstance(exn, StoreFailure) and exn.kind == TRANSIENT

@@ -7,7 +7,9 @@ makes its calls in-process while that is safe (no call before a fork: a spawned 
 a forked worker whose parent never called obstore, the main process itself), and a
 process forked after its parent used obstore makes them through an agent: one fresh
 ``python -m wds_datapipes.storage.store_agent`` subprocess of its own, answering over a
-pipe. Whichever way, obstore's exceptions come back as :class:`StoreFailure`, classified
+pipe. Its object reads ask the agent only for a presigned URL (:func:`sign`) and fetch the
+bytes themselves (:mod:`.signed_get`) where the store can presign; the agent relays the
+bytes where it cannot. Whichever way, obstore's exceptions come back as :class:`StoreFailure`, classified
 by :func:`classify` (missing object, missing bucket, access denied, missing credentials,
 object changed, transient).
 """
