@@ -223,3 +223,12 @@ def test_workers_forked_after_obstore_read_every_sample_once_through_faults(stor
         assert len(_signed(queries)) >= 12 and proxy.faults >= 6
     else:
         assert not _signed(queries)
+
+
+def test_a_signed_url_never_shows_or_pickles_its_query():
+    from wds_datapipes.storage.signed_get import SignedUrl
+
+    signed = SignedUrl("http://host/b/k?X-Amz-Signature=deadbeefcafe&X-Amz-Credential=AKID")
+    assert "deadbeef" not in repr(signed) + str(signed) + f"{signed}"
+    with pytest.raises(TypeError, match="secret"):
+        pickle.dumps(signed)
