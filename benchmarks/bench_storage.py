@@ -3,6 +3,7 @@ same objects of one AIStore cluster, in one run (``make bench-storage``).
 
     python benchmarks/bench_storage.py [--rounds 5] [--small 24] [--big 4] [--no-clients]
                                        [--no-pipelines] [--no-listing] [--s3fs-python PATH]
+                                       [--only-forked]
 
 Uses ``$AIS_ENDPOINT``, else the cluster of ``python -m aisio.cluster start``, else starts
 one for the run. Turns the cluster's S3-Reverse-Proxy feature on (``features=8192``), so
@@ -195,6 +196,7 @@ def main() -> None:
     parser.add_argument("--no-clients", dest="clients", action="store_false")
     parser.add_argument("--no-pipelines", dest="pipelines", action="store_false")
     parser.add_argument("--no-listing", dest="listing", action="store_false")
+    parser.add_argument("--only-forked", action="store_true", help="only the rows of workers forked after obstore")
     args = parser.parse_args()
     global BUCKET, TINY_BUCKET
     BUCKET, TINY_BUCKET = args.bucket, f"{args.bucket}-tiny"
@@ -209,6 +211,11 @@ def main() -> None:
               f"in ais://{BUCKET} on {endpoint}, put in {time.perf_counter() - started:.1f} s; "
               f"S3 API at {endpoint}/s3 (S3-Reverse-Proxy on)")
         try:
+            if args.only_forked:
+                import storage_pipelines
+
+                storage_pipelines.bench_forked(endpoint, BUCKET, sets, args.rounds)
+                return
             if args.clients:
                 bench_clients(endpoint, sets, args.rounds, args.s3fs_python)
             if args.pipelines:

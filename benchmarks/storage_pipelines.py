@@ -103,27 +103,93 @@ def bench_pipelines(endpoint: str, bucket: str, sets: dict[str, list[str]], roun
     for name in names:
         print(f"| {name} | {table['2-4 MB'][name]:,.0f} | {table['64 MB'][name]:,.0f} |")
     _ratios(table)
+    forked_after_obstore(endpoint, bucket, sets, rounds)  # first: its in-process row needs a parent without obstore
     exact_epochs(endpoint, bucket, sets, rounds)
     cache_over_s3(endpoint, bucket, sets, rounds)
+
+
+def bench_forked(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int) -> None:
+    """Only the rows of workers forked after the parent used obstore (``--only-forked``)."""
+    global NO_S3
+    s3_environment(endpoint)
+    NO_S3 = s3_missing()
     forked_after_obstore(endpoint, bucket, sets, rounds)
 
 
 def forked_after_obstore(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int) -> None:
-    """s3:// in DataLoader workers forked after this process used obstore (the index and
-    cache rows above did): their calls go through one agent subprocess each (obstore's
-    runtime does not survive a fork), against http:// on the same 2-4 MB shards."""
-    print("\ns3:// in workers forked after the parent used obstore (each worker's calls go through its "
-          f"store agent), 2-4 MB shards, 2 workers (median of {rounds} rounds, alternating)")
+    """s3:// in DataLoader workers forked after this process used obstore (obstore's runtime
+    does not survive a fork): by presigned URLs (the agent signs, the bytes come straight
+    from the server) and with the agent relaying every byte, against workers forked before
+    the parent used obstore (in-process obstore) and http:// on the same 2-4 MB shards.
+    CPU: the workers' and their agents' (every process below this one but the cluster's)."""
+    from wds_datapipes.storage import object_store, store_calls
+
+    print("\ns3:// in workers forked after the parent used obstore, 2-4 MB shards, 2 workers "
+          f"(median of {rounds} rounds, alternating)")
     if NO_S3:
         print(f"   not measured: s3:// {NO_S3}")
         return
     urls = urls_by_scheme(endpoint, bucket, sets["2-4 MB"])
-    rows = [Row(f"ours, {scheme}://", Loader("datapipes", lambda u=urls[scheme]: wd.ShardLister(u).load_tar()
-                                              .group_by_key())) for scheme in ("s3", "http")]
-    _measure(rows, rounds)
-    s3, http = (_median_rate(row) for row in rows)
-    print(f"   ours, s3:// (agent) {s3:,.0f} MB/s, ours, http:// {http:,.0f} MB/s: s3:// / http:// {s3 / http:.2f} "
-          "(target >= 0.9)")
+
+    def row(name: str, scheme: str) -> Row:
+        return Row(name, Loader("datapipes", lambda u=urls[scheme]: wd.ShardLister(u).load_tar().group_by_key()))
+
+    rows = []
+    if store_calls._runtime_pid is None:  # workers forked now make their calls in-process
+        rows.append(row("s3://, in-process obstore (forked before)", "s3"))
+        _start(rows[-1])
+    else:
+        print("   (no in-process row: this process used obstore before)")
+    object_store.S3.stamp(urls["s3"][0])  # obstore used here: the workers below are forked after it
+    for presigned, name in ((False, "s3://, the agent relays the bytes"), (True, "s3://, presigned URLs")):
+        object_store.PRESIGNED_READS = presigned  # the workers forked now keep it
+        rows.append(row(name, "s3"))
+        _start(rows[-1])
+    object_store.PRESIGNED_READS = True
+    rows.append(row("http://", "http"))
+    _start(rows[-1])
+    cpu = {r.name: 0.0 for r in rows}
+    try:
+        for _, r in alternating(rounds, rows):
+            before = _below_ms()
+            r.measure(1, [])
+            cpu[r.name] += _below_ms() - before
+    finally:
+        for r in rows:
+            r.loader.stop()
+    base = _median_rate(rows[0])
+    print("\n| workers' reader | MB/s | vs the first row | CPU ms per MB (workers + agents) |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        mb = r.nbytes * len(r.seconds) / 1e6
+        print(f"| {r.name} | {_median_rate(r):,.0f} | {_median_rate(r) / base:.2f} | {cpu[r.name] / mb:.2f} |")
+
+
+def _start(row: Row) -> None:
+    row.loader.start()
+    row.loader.epoch()
+
+
+def _below_ms() -> float:
+    """CPU ms (user + system) of the processes below this one (workers, their agents), not the
+    cluster's nodes (started detached)."""
+    parents, ticks = {}, {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[pid], ticks[pid] = fields[1], int(fields[11]) + int(fields[12])
+    me, total = str(os.getpid()), 0
+    for pid, used in ticks.items():
+        up = parents.get(pid)
+        while up and up != me and up != "0":
+            up = parents.get(up)
+        if up == me:
+            total += used
+    return total * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def _measure(rows: list[Row], rounds: int) -> None:

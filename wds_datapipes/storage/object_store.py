@@ -21,6 +21,8 @@ is opened (before its first sample), never retried and never called a corrupt sh
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -29,8 +31,9 @@ from ..errors import ShardOpenError, ShardWriteError
 from ..limits import Limits, get_limits
 from .backend import SHARD_SUFFIXES, Backend
 from .cloud_settings import ObjectUrl, settings_for, stores_of, with_stores
-from .resuming import Opened, ResumingStream, logger
+from .resuming import Opened, ResumingStream
 from .retry import Attempts, RetryPolicy
+from .signed_get import SIGNED_FOR_S, SignedUrl, open_signed, proxied
 from .store_calls import (
     CHANGED,
     CREDENTIALS,
@@ -42,11 +45,16 @@ from .store_calls import (
     StoreFailure,
     Target,
     calls,
+    forked_after_runtime,
     not_found,
 )
 
+logger = logging.getLogger("wds_datapipes")
+
 LIST_PAGE_SIZE = 1000  # objects per listing request (S3's most)
 _GLOB_CHARS = frozenset("*?[")
+PRESIGNED_READS = True  # False: a forked process's agent relays every byte (the bench compares the two)
+_unsigned: set[tuple[int, Target]] = set()  # (process, store) that could not presign: its bytes come through the agent
 
 _CREDENTIAL_HINTS = {
     "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE through a credential_provider)",
@@ -109,6 +117,12 @@ class ObjectStream(ResumingStream):
 
     ``size`` and ``version`` (the ETag, else the store's version or generation) are the
     first answer's; every later request asks ``If-Match`` that ETag and compares it.
+
+    In a process forked after obstore started (see :mod:`.store_calls`), the store agent
+    only signs: each request GETs a presigned URL straight from the server
+    (:mod:`.signed_get`), signed again when half its hour is gone or on a 403; where the
+    store cannot presign (fake-gcs-server; a GCS login with no signing key) or a proxy
+    is configured, the agent relays the bytes instead.
     """
 
     def __init__(self, url: str, start: int = 0, limits: Limits | None = None):
@@ -116,12 +130,16 @@ class ObjectStream(ResumingStream):
         if not self.object.key or self.object.key.endswith("/"):
             raise ShardOpenError(url, "the URL names a bucket or a prefix, not an object")
         self._target = _target(url, self.object, limits)
+        self._signed: SignedUrl | None = None
+        self._direct = PRESIGNED_READS and forked_after_runtime() and (os.getpid(), self._target) not in _unsigned
         super().__init__(url, start, RetryPolicy.for_limits(self._target.limits))
 
     def _request(self, offset: int) -> Opened:
         if self._size is not None and offset >= self._size:
             return Opened(None, offset, self._size, self._version)
         try:
+            if self._direct and (opened := self._signed_request(offset)) is not None:
+                return opened
             meta, chunks = calls().get(self._target, self.object.key, offset, self._version)
         except StoreFailure as failure:
             if failure.kind != PAST_END:
@@ -133,6 +151,41 @@ class ObjectStream(ResumingStream):
         first = meta.get("range_start")
         return Opened(_Chunks(chunks), first if first is not None else offset, meta.get("size"), _version(meta),
                       about=f"bytes {first}-")
+
+    def _signed_request(self, offset: int) -> Opened | None:
+        """The object from ``offset`` by its presigned URL; None where it cannot be presigned."""
+        fresh = self._signed is None or self._signed.stale
+        if fresh and not self._sign():
+            return None
+        while True:
+            try:
+                return open_signed(self._signed, offset, self._version, self.timeouts())
+            except StoreFailure as failure:
+                if failure.kind != DENIED:
+                    raise
+                if fresh:  # denied to a URL just signed (a header the URL cannot carry?): the agent asks
+                    return self._unsignable(failure)
+            fresh = True  # a 403 to a URL signed earlier: it may have expired, so sign once more
+            if not self._sign():
+                return None
+
+    def _sign(self) -> bool:
+        try:
+            signed = SignedUrl(calls().sign(self._target, self.object.key, SIGNED_FOR_S))
+            if proxied(signed):
+                raise StoreFailure("a proxy is configured", "obstore honours it, http.client does not")
+        except StoreFailure as failure:
+            self._unsignable(failure)
+            return False
+        self._signed = signed
+        return True
+
+    def _unsignable(self, failure: StoreFailure) -> None:
+        """From now on this process reads this store's objects through the agent (logged once)."""
+        _unsigned.add((os.getpid(), self._target))
+        self._direct, self._signed = False, None
+        logger.info("%s://%s: no presigned reads (%s); bytes come through the store agent",
+                    self.object.scheme, self.object.bucket, failure)
 
     def _retryable(self, exn: BaseException) -> bool:
         return isinstance(exn, StoreFailure) and exn.kind == TRANSIENT

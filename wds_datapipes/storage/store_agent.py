@@ -30,6 +30,8 @@ def serve(requests, answers) -> None:
                 value = store_calls.head(*args)
             elif op == "put":
                 value = store_calls.put(*args)
+            elif op == "sign":
+                value = store_calls.sign(*args)
             elif op == "get":
                 meta, chunks = store_calls.get(*args)
                 counter += 1

@@ -7,7 +7,9 @@ makes its calls in-process while that is safe (no call before a fork: a spawned 
 a forked worker whose parent never called obstore, the main process itself), and a
 process forked after its parent used obstore makes them through an agent: one fresh
 ``python -m wds_datapipes.storage.store_agent`` subprocess of its own, answering over a
-pipe. Whichever way, obstore's exceptions come back as :class:`StoreFailure`, classified
+pipe. Its object reads ask the agent only for a presigned URL (:func:`sign`) and fetch the
+bytes themselves (:mod:`.signed_get`) where the store can presign; the agent relays the
+bytes where it cannot. Whichever way, obstore's exceptions come back as :class:`StoreFailure`, classified
 by :func:`classify` (missing object, missing bucket, access denied, missing credentials,
 object changed, transient).
 """
@@ -23,6 +25,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from ..errors import redact
@@ -176,6 +179,15 @@ def put(target: Target, path: str, key: str) -> dict[str, Any]:
         raise classify(exn) from None
 
 
+def sign(target: Target, key: str, expires_s: float) -> str:
+    """A presigned GET URL of the object, valid ``expires_s`` seconds (a secret: see :mod:`.signed_get`)."""
+    obstore = obstore_module()
+    try:
+        return obstore.sign(_store(target), "GET", key, timedelta(seconds=expires_s))
+    except Exception as exn:  # noqa: BLE001
+        raise classify(exn) from None
+
+
 def _store(target: Target):
     global _runtime_pid
     _runtime_pid = _runtime_pid or os.getpid()
@@ -187,9 +199,14 @@ _PART = 8 << 20  # multipart upload part size
 _runtime_pid: int | None = None  # the process whose obstore runtime has started (a fork copies this)
 
 
+def forked_after_runtime() -> bool:
+    """Whether this process was forked after its parent started obstore's runtime (its calls then go through the agent)."""
+    return _runtime_pid is not None and _runtime_pid != os.getpid()
+
+
 def calls():
     """This module, or the agent where obstore's runtime was started before this process forked."""
-    if _runtime_pid is None or _runtime_pid == os.getpid():
+    if not forked_after_runtime():
         return sys.modules[__name__]
     return _agent()
 
@@ -226,6 +243,9 @@ class _Agent:
 
     def put(self, target: Target, path: str, key: str) -> dict[str, Any]:
         return self._call("put", target, path, key)
+
+    def sign(self, target: Target, key: str, expires_s: float) -> str:
+        return self._call("sign", target, key, expires_s)
 
     def _drain(self, handle: int) -> Iterator:
         try:
