@@ -232,3 +232,26 @@ def test_a_signed_url_never_shows_or_pickles_its_query():
     assert "deadbeef" not in repr(signed) + str(signed) + f"{signed}"
     with pytest.raises(TypeError, match="secret"):
         pickle.dumps(signed)
+
+
+def test_a_runtime_started_by_any_road_is_noted_before_a_fork():
+    """obstore's runtime started without our mark (a store built and used directly, or a test that
+    put the mark back): a child forked after it still knows, and never calls into the copied
+    runtime (which hangs). Oracle: the tokio threads in /proc/self/task, and the child's answer."""
+    code = textwrap.dedent("""
+        import os, obstore
+        from obstore.store import MemoryStore
+        from wds_datapipes.storage import store_calls
+        obstore.put(MemoryStore(), "k", b"x")  # the runtime starts, not through store_calls
+        assert store_calls._runtime_pid is None
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(write, b"1" if store_calls.forked_after_runtime() else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(os.read(read, 1).decode(), store_calls.forked_after_runtime())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "False"]

@@ -199,6 +199,34 @@ _PART = 8 << 20  # multipart upload part size
 _runtime_pid: int | None = None  # the process whose obstore runtime has started (a fork copies this)
 
 
+def _runtime_threads() -> bool:
+    """Whether obstore's runtime runs in this process: its tokio worker threads are there."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:  # no /proc: only what _store noted
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().startswith("tokio-"):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _note_runtime_before_fork() -> None:
+    """Before a fork: a runtime started by any road (a store built outside :func:`_store`, a
+    test that put the mark back) is noted, so the child never calls into a copy of it."""
+    global _runtime_pid
+    if _runtime_pid is None and "obstore" in sys.modules and _runtime_threads():
+        _runtime_pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # touches this module's mark only
+    os.register_at_fork(before=_note_runtime_before_fork)
+
+
 def forked_after_runtime() -> bool:
     """Whether this process was forked after its parent started obstore's runtime (its calls then go through the agent)."""
     return _runtime_pid is not None and _runtime_pid != os.getpid()
