@@ -3,7 +3,7 @@ same objects of one AIStore cluster, in one run (``make bench-storage``).
 
     python benchmarks/bench_storage.py [--rounds 5] [--small 24] [--big 4] [--no-clients]
                                        [--no-pipelines] [--no-listing] [--s3fs-python PATH]
-                                       [--only-forked] [--epochs-only]
+                                       [--only-forked]
 
 Uses ``$AIS_ENDPOINT``, else the cluster of ``python -m aisio.cluster start``, else starts
 one for the run. Turns the cluster's S3-Reverse-Proxy feature on (``features=8192``), so
@@ -197,7 +197,6 @@ def main() -> None:
     parser.add_argument("--no-pipelines", dest="pipelines", action="store_false")
     parser.add_argument("--no-listing", dest="listing", action="store_false")
     parser.add_argument("--only-forked", action="store_true", help="only the rows of workers forked after obstore")
-    parser.add_argument("--epochs-only", action="store_true", help="of the pipelines, only ExactEpochs by places")
     args = parser.parse_args()
     global BUCKET, TINY_BUCKET
     BUCKET, TINY_BUCKET = args.bucket, f"{args.bucket}-tiny"
@@ -219,13 +218,7 @@ def main() -> None:
                 return
             if args.clients:
                 bench_clients(endpoint, sets, args.rounds, args.s3fs_python)
-            if args.epochs_only:
-                import storage_pipelines
-
-                storage_pipelines.s3_environment(endpoint)
-                storage_pipelines.NO_S3 = storage_pipelines.s3_missing()
-                storage_pipelines.exact_epochs(endpoint, BUCKET, sets, args.rounds)
-            elif args.pipelines:
+            if args.pipelines:
                 import storage_pipelines
 
                 storage_pipelines.bench_pipelines(endpoint, BUCKET, sets, args.rounds, args.data)

@@ -225,8 +225,8 @@ def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds:
     epoch, and the time to the first batch of a state resumed at 50% of the epoch."""
     print(f"\nExactEpochs by an index with --places, shuffled (spans start mid-shard), one process "
           f"(median of {rounds} rounds, alternating)\n")
-    print("| shards | reader | samples/s, an epoch | MB/s | CPU ms per MB | first batch resumed at 50% (ms) |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| shards | reader | samples/s, an epoch | MB/s | first batch resumed at 50% (ms) |")
+    print("|---|---|---:|---:|---:|")
     work = tempfile.mkdtemp(prefix="bench-storage-index-")
     try:
         for label in ("2-4 MB", "64 MB"):
@@ -236,17 +236,15 @@ def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds:
                 wd.ShardIndex.from_scans(wd.build_index(urls, places=True)).save(path)
                 indexes[scheme] = path
             epoch_s: dict[str, list[float]] = {}
-            cpu_s: dict[str, list[float]] = {}
             resume_s: dict[str, list[float]] = {}
             counted: dict[str, tuple[int, int]] = {}
             for _, scheme in alternating(rounds, list(indexes)):
                 pipe = wd.ExactEpochs(indexes[scheme], batch_size=8, seed=1)
-                began, cpu, count, nbytes = time.perf_counter(), time.process_time(), 0, 0
+                began, count, nbytes = time.perf_counter(), 0, 0
                 for sample in pipe:
                     count += 1
                     nbytes += sum(len(v) for k, v in sample.items() if not k.startswith("__"))
                 epoch_s.setdefault(scheme, []).append(time.perf_counter() - began)
-                cpu_s.setdefault(scheme, []).append(time.process_time() - cpu)  # this process's threads, obstore's too
                 counted[scheme] = (count, nbytes)
                 state = wd.EpochState(epoch=0, batches=pipe.batches_per_epoch // 2)
                 began = time.perf_counter()
@@ -258,11 +256,10 @@ def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds:
                 seconds = statistics.median(epoch_s[scheme])
                 count, nbytes = counted[scheme]
                 print(f"| {label} | ours, {scheme}:// | {count / seconds:,.0f} | {nbytes / seconds / 1e6:,.0f} "
-                      f"| {statistics.median(cpu_s[scheme]) / nbytes * 1e9:.2f} "
                       f"| {statistics.median(resume_s[scheme]) * 1000:,.0f} |")
             if "s3" in indexes:
                 print(f"|  | s3:// / http:// | {statistics.median(epoch_s['http']) / statistics.median(epoch_s['s3']):.2f}"
-                      f" (target >= 0.9) | | {statistics.median(cpu_s['s3']) / statistics.median(cpu_s['http']):.2f}x | |")
+                      " (target >= 0.9) | | |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -53,12 +53,7 @@ logger = logging.getLogger("wds_datapipes")
 
 LIST_PAGE_SIZE = 1000  # objects per listing request (S3's most)
 _GLOB_CHARS = frozenset("*?[")
-PRESIGNED_READS = True  # False: obstore's GET carries every body (a forked process's: through its agent)
-# Where a process that may call obstore itself reads bodies by presigned URL too: S3 and Azure sign
-# locally, and obstore's body stream cost 1.3-2.2x http.client's CPU per MB (16 Range streams side by
-# side, ExactEpochs by places: docs/storage.md); GCS signs through a service (signBlob) unless a key is
-# at hand, so it keeps obstore's GET in-process.
-_SIGNED_IN_PROCESS = frozenset({"s3", "az"})
+PRESIGNED_READS = True  # False: a forked process's agent relays every byte (the bench compares the two)
 _unsigned: set[tuple[int, Target]] = set()  # (process, store) that could not presign: its bytes come through the agent
 
 _CREDENTIAL_HINTS = {
@@ -123,9 +118,8 @@ class ObjectStream(ResumingStream):
     ``size`` and ``version`` (the ETag, else the store's version or generation) are the
     first answer's; every later request asks ``If-Match`` that ETag and compares it.
 
-    Bodies come by presigned URL where the store can sign (S3 and Azure; any store in a
-    process forked after obstore started, see :mod:`.store_calls`, whose agent then only
-    signs): each request GETs a presigned URL straight from the server
+    In a process forked after obstore started (see :mod:`.store_calls`), the store agent
+    only signs: each request GETs a presigned URL straight from the server
     (:mod:`.signed_get`), signed again when half its hour is gone or on a 403; where the
     store cannot presign (fake-gcs-server; a GCS login with no signing key) or a proxy
     is configured, the agent relays the bytes instead.
@@ -137,8 +131,7 @@ class ObjectStream(ResumingStream):
             raise ShardOpenError(url, "the URL names a bucket or a prefix, not an object")
         self._target = _target(url, self.object, limits)
         self._signed: SignedUrl | None = None
-        self._direct = PRESIGNED_READS and (forked_after_runtime() or self.object.scheme in _SIGNED_IN_PROCESS) \
-            and (os.getpid(), self._target) not in _unsigned
+        self._direct = PRESIGNED_READS and forked_after_runtime() and (os.getpid(), self._target) not in _unsigned
         super().__init__(url, start, RetryPolicy.for_limits(self._target.limits))
 
     def _request(self, offset: int) -> Opened:
@@ -191,8 +184,8 @@ class ObjectStream(ResumingStream):
         """From now on this process reads this store's objects through the agent (logged once)."""
         _unsigned.add((os.getpid(), self._target))
         self._direct, self._signed = False, None
-        logger.info("%s://%s: no presigned reads (%s); bytes come through %s", self.object.scheme,
-                    self.object.bucket, failure, "the store agent" if forked_after_runtime() else "obstore's GET")
+        logger.info("%s://%s: no presigned reads (%s); bytes come through the store agent",
+                    self.object.scheme, self.object.bucket, failure)
 
     def _retryable(self, exn: BaseException) -> bool:
         return isinstance(exn, StoreFailure) and exn.kind == TRANSIENT
