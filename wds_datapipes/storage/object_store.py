@@ -31,7 +31,7 @@ from ..errors import ShardOpenError, ShardWriteError
 from ..limits import Limits, get_limits
 from .backend import SHARD_SUFFIXES, Backend
 from .cloud_settings import ObjectUrl, settings_for, stores_of, with_stores
-from .resuming import Opened, ResumingStream
+from .resuming import Body, Opened, ResumingStream
 from .retry import Attempts, RetryPolicy
 from .signed_get import SIGNED_FOR_S, SignedUrl, open_signed, proxied
 from .store_calls import (
@@ -83,7 +83,7 @@ def explain(failure: StoreFailure, obj: ObjectUrl) -> str:
     return f"{words} ({failure.message})"
 
 
-class _Chunks:
+class _Chunks(Body):
     """An obstore GET body (an iterator of buffers) as ``readinto`` / ``read`` / ``close``."""
 
     def __init__(self, chunks: Iterator):
@@ -100,11 +100,6 @@ class _Chunks:
         view[:n] = self._view[:n]
         self._view = self._view[n:]
         return n
-
-    def read(self, size: int) -> bytes:
-        buffer = bytearray(size)
-        n = self.readinto(memoryview(buffer))
-        return bytes(buffer[:n])
 
     def close(self) -> None:
         close = getattr(self._chunks, "close", None)

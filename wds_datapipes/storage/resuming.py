@@ -46,6 +46,18 @@ class Opened:
     about: str | None = None
 
 
+class Body:
+    """A response body read with ``readinto`` (subclasses give it); ``read`` is made from it."""
+
+    def readinto(self, view: memoryview) -> int:
+        raise NotImplementedError
+
+    def read(self, size: int) -> bytes:
+        buffer = bytearray(size)
+        n = self.readinto(memoryview(buffer))
+        return bytes(buffer[:n])
+
+
 class BodyCut(ConnectionError):
     """A body that ended before the bytes it had to give: retried like any dropped connection."""
 

@@ -25,7 +25,7 @@ from time import monotonic
 from typing import Any
 from urllib.parse import urlsplit
 
-from .resuming import Opened, http_opened
+from .resuming import Body, Opened, http_opened
 from .store_calls import (
     CHANGED,
     DENIED,
@@ -202,7 +202,7 @@ def _transient(exn: BaseException, url: str) -> StoreFailure:
     return StoreFailure(TRANSIENT, f"{type(exn).__name__}: {text}"[:300])
 
 
-class _Body:
+class _Body(Body):
     """An answer's body: each ``readinto`` is one socket read at most straight into the
     caller's buffer (a larger read would lose what it had when the connection fails); a
     failure is a transient :class:`StoreFailure`, so the stream resumes from its position."""
@@ -227,11 +227,6 @@ class _Body:
             raise StoreFailure(TRANSIENT, f"the body broke: {type(exn).__name__}") from None
         self._left -= n
         return n
-
-    def read(self, size: int) -> bytes:
-        buffer = bytearray(size)
-        n = self.readinto(memoryview(buffer))
-        return bytes(buffer[:n])
 
     def close(self) -> None:
         response, self._response = self._response, None
