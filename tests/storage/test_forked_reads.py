@@ -255,3 +255,29 @@ def test_a_runtime_started_by_any_road_is_noted_before_a_fork():
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "False"]
+
+
+def test_a_child_forked_while_a_thread_held_the_connection_pool_lock_does_not_wait_on_it():
+    """The kept-connection pool's lock held by another thread at the fork: the child gets a lock
+    of its own and no parent connection. Oracle: the child's answer within the timeout."""
+    code = textwrap.dedent("""
+        import os, threading
+        from wds_datapipes.storage import signed_get
+        held, release = threading.Event(), threading.Event()
+        def hold():
+            with signed_get._idle_lock:
+                held.set()
+                release.wait(30)
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            got = signed_get._idle_connection((os.getpid(), "http", "h:1"))
+            os._exit(0 if got is None else 3)
+        _, status = os.waitpid(pid, 0)
+        release.set()
+        print(os.waitstatus_to_exitcode(status))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"]

@@ -23,7 +23,7 @@ from store_helpers import configured
 from torch.utils.data import DataLoader
 
 import wds_datapipes as wd
-from wds_datapipes.errors import ShardReadError
+from wds_datapipes.errors import ShardOpenError, ShardReadError
 from wds_datapipes.limits import Limits
 from wds_datapipes.shards.openers import open_shard
 from wds_datapipes.storage import object_store, retry, store_calls
@@ -199,6 +199,27 @@ def test_a_listing_that_breaks_between_pages_resumes_past_the_last_key(monkeypat
     listed = list(object_store.list_objects("s3://bucket/p/*.tar", Limits(http_retries=3)))
     assert listed == [f"s3://bucket/{k}" for k in keys]
     assert asked[:5] == [None, "p/shard-01.tar", "p/shard-01.tar", "p/shard-01.tar", "p/shard-03.tar"]
+
+
+def test_a_listing_that_fails_at_the_same_key_each_time_gives_up(monkeypatch, quick_backoff):
+    """A page that brings no key past the last one is no progress: a listing that breaks at the
+    same place on every try (a server ignoring the offset, listing from the start each time)
+    ends in a clear error within its retry budget instead of trying for ever. Oracle: the
+    number of tries the budget allows (http_retries in a row without progress)."""
+    keys = [f"p/shard-{i:02d}.tar" for i in range(4)]
+    asked = []
+
+    def list_pages(target, prefix, page_size, after=None):
+        asked.append(after)
+        if len(asked) > 50:
+            raise AssertionError("still listing after 50 tries")
+        yield [{"path": k} for k in keys[:2] if after is None or k > after]  # past keys dropped: []
+        raise StoreFailure(TRANSIENT, "connection reset")
+
+    monkeypatch.setattr(store_calls, "list_pages", list_pages)
+    with pytest.raises(ShardOpenError, match="listing"):
+        list(object_store.list_objects("s3://bucket/p/*.tar", Limits(http_retries=3)))
+    assert len(asked) <= 5, asked
 
 
 def test_a_listing_after_a_key_gives_the_keys_after_it(store):

@@ -147,6 +147,9 @@ def test_the_cache_key_tells_one_bucket_on_two_endpoints_apart():
     two = with_stores(plain, PipelineStores.of(StoreSettings(endpoint="http://two:2")))
     assert object_identity(plain) == plain and object_identity("/data/a.tar") == "/data/a.tar"
     assert len({cache_store.key_of(plain), cache_store.key_of(one), cache_store.key_of(two)}) == 3
+    accounts = [with_stores("az://c/k.tar", PipelineStores.of(StoreSettings(options={"account_name": name})))
+                for name in ("alpha", "beta")]
+    assert cache_store.key_of(accounts[0]) != cache_store.key_of(accounts[1])  # one path in two Azure accounts
 
 
 def test_an_index_given_settings_carries_them_on_its_object_urls_only(tmp_path):

@@ -181,8 +181,13 @@ def object_identity(url: str) -> str:
     text = str.__str__(url)
     if text.partition("://")[0].lower() not in SCHEMES:
         return text
-    endpoint = settings_for(url).endpoint
-    return text if endpoint is None else f"{text} at {endpoint}"
+    settings = settings_for(url)
+    where = [f"at {settings.endpoint}"] if settings.endpoint is not None else []
+    # options name the account or endpoint too (Azure's account_name, an endpoint option): two
+    # accounts' c/k are two objects. Options hold no secret (StoreSettings refuses those names).
+    where += [f"{name}={value}" for name, value in settings.options
+              if any(word in name.lower() for word in ("account", "endpoint", "bucket", "container", "project"))]
+    return " ".join([text, *where])
 
 
 # -- settings given to one pipeline in code

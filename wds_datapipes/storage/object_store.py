@@ -261,12 +261,14 @@ def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
     while True:
         try:
             for page in calls().list_pages(target, prefix, LIST_PAGE_SIZE, after):
+                reached = after
                 for meta in page:
                     after = meta["path"]
                     if matches(after):
                         found += 1
                         yield with_stores(f"{obj.scheme}://{obj.bucket}/{after}", stores)
-                attempts.progress()
+                if after != reached:  # a new key: progress (a page listed again, past keys dropped, is not)
+                    attempts.progress()
             break
         except StoreFailure as failure:
             if not_found(failure):  # a listing finds no bucket

@@ -138,6 +138,17 @@ _idle_lock = threading.Lock()
 _MAX_IDLE = 4
 
 
+def _forget_idle_in_child() -> None:
+    """A forked child starts with no kept connection and a lock no thread of its parent holds."""
+    global _idle_lock
+    _idle_lock = threading.Lock()
+    _idle.clear()
+
+
+if hasattr(os, "register_at_fork"):  # touches this module's pool only
+    os.register_at_fork(after_in_child=_forget_idle_in_child)
+
+
 def _idle_connection(place: tuple[int, str, str]) -> http.client.HTTPConnection | None:
     with _idle_lock:
         if any(key[0] != place[0] for key in _idle):
