@@ -53,12 +53,14 @@ test-main: setup
 
 # On torch 2.15 + torchdata 0.11, the tests of what can differ there: the loaders, the pipes (a
 # stand-in where torch has no DataPipes), decoding (torchvision 0.29 hands images to TorchCodec),
-# exact epochs under the loaders, listing and sharding, the docs and examples. The tar reader, the
+# exact epochs under the loaders, listing and sharding, the docs and examples, torchdata.nodes over
+# s3:// (the local AIStore's S3 API). The tar reader, the
 # shard cache, AIStore and the writer use no torch and run on the tested stack only. The tests
 # that need DataLoader2 skip.
 NEWEST_TESTS := tests/loaders tests/pipes tests/decoding tests/epochs tests/shards/test_listing.py \
 	tests/shards/test_sharding_seeds.py tests/shards/test_grouping.py tests/test_docs.py \
-	tests/test_examples.py tests/test_webdataset_compat.py tests/test_memory_bounds.py tests/test_limits.py
+	tests/test_examples.py tests/test_webdataset_compat.py tests/test_memory_bounds.py tests/test_limits.py \
+	tests/storage/test_object_store_loaders.py::test_torchdata_nodes_read_every_s3_sample_once_per_epoch
 # Of tests/epochs, the pure plans (mixtures, their rules) and the index command use no torch: tested stack only.
 NEWEST_SKIP := --ignore=tests/epochs/test_mixture.py --ignore=tests/epochs/test_mixture_rules.py \
 	--ignore=tests/epochs/test_shard_index.py --ignore=tests/epochs/test_places_format.py
