@@ -12,7 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from wds_datapipes.decoding.media import VideoSpec, decode_video
@@ -50,14 +50,14 @@ def _video(container: str, rate: str, frames: int) -> tuple[bytes, list[Fraction
 
 
 def _model(times: list[Fraction], end: Fraction, k: int, start: Fraction, duration: Fraction | None,
-           nudge: Fraction = Fraction(0)) -> list[int]:
+           nudge: Fraction = Fraction(0), stop_nudge: Fraction = Fraction(0)) -> list[int]:
     """The documented rule, slowly and exactly: over the clip [start, stop), the i-th time is
     start + i * (stop - start) / k; its frame is the last one starting at or before that time
-    plus the slack (1 ms, at most a quarter frame), among those starting before stop."""
+    plus the slack (2 ms, at most a quarter frame), among those starting before stop."""
     begin = times[0]
     start = begin + start
-    stop = end if duration is None else min(end, start + duration)
-    slack = min(Fraction(1, 1000), (end - begin) / len(times) / 4)  # the documented 1 ms, at most a quarter frame
+    stop = (end if duration is None else min(end, start + duration)) + stop_nudge
+    slack = min(Fraction(2, 1000), (end - begin) / len(times) / 4)  # the documented 2 ms, at most a quarter frame
     chosen = []
     for i in range(k):
         t = start + i * (stop - start) / k + slack + nudge
@@ -66,6 +66,9 @@ def _model(times: list[Fraction], end: Fraction, k: int, start: Fraction, durati
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# A fresh clone's draw: Matroska rounds the clip's end too (0.874 s for 21 frames at 24 fps), so the
+# even times drift a millisecond early by the end; with a 1 ms slack frame 15 came twice.
+@example(container="mkv", rate="24", frames=21, k=21, start=0.0, duration=None)
 @given(container=st.sampled_from(sorted(CONTAINERS)), rate=st.sampled_from(RATES), frames=st.integers(1, 36),
        k=st.integers(1, 40), start=st.floats(0, 0.9), duration=st.none() | st.floats(0.05, 2.0))
 def test_num_frames_takes_the_frame_shown_at_each_even_time_of_the_clip(container, rate, frames, k, start,
@@ -80,7 +83,10 @@ def test_num_frames_takes_the_frame_shown_at_each_even_time_of_the_clip(containe
     video = decode_video(data, VideoSpec(start=float(start), duration=None if duration is None else float(duration),
                                          num_frames=k))
     assert video.frames.shape[0] == k and video.timestamps.shape == (k,)
-    near = [_model(times, end, k, start, duration, Fraction(d, 10**6)) for d in (-1, 0, 1)]
+    # within a microsecond of a frame's start, either frame; so too for a frame starting at the
+    # clip's end (the float end given and the exact one differ in the last bits)
+    near = [_model(times, end, k, start, duration, Fraction(d, 10**6), Fraction(e, 10**6))
+            for d in (-1, 0, 1) for e in (-1, 0, 1)]
     for i, got in enumerate(video.timestamps.tolist()):
         allowed = {float(times[choice[i]]) for choice in near}
         assert any(abs(got - want) < 1e-6 for want in allowed), (i, got, sorted(allowed), video.timestamps.tolist())

@@ -72,8 +72,10 @@ VIDEO_EXTENSIONS = frozenset({"mp4", "m4v", "mov", "webm", "mkv", "avi", "ogv"})
 AUDIO_COPIES = {"ffmpeg": 2.5, "wav": 1.0}
 
 #: Seconds by which a frame may start after a time and still count as the one shown at it
-#: (``VideoSpec(num_frames=...)``): Matroska and WebM round timestamps to the millisecond.
-FRAME_TIME_SLACK = 1e-3
+#: (``VideoSpec(num_frames=...)``): Matroska and WebM round timestamps to the millisecond, the
+#: clip's end too, so a frame may start up to half a millisecond late and the even times drift
+#: up to a millisecond early over the clip: 2 ms covers both.
+FRAME_TIME_SLACK = 2e-3
 
 
 class Audio(NamedTuple):
@@ -138,7 +140,7 @@ class VideoSpec:
         duration: seconds of the clip; None: to the end.
         num_frames: decode this many frames, evenly spaced over the clip: the i-th is the frame
             shown at ``start + i * clip / num_frames``, i.e. the last frame starting at or
-            before that time plus ``FRAME_TIME_SLACK`` (1 ms, at most a quarter frame: floats
+            before that time plus ``FRAME_TIME_SLACK`` (2 ms, at most a quarter frame: floats
             and containers' rounded times put frames a hair late), among those starting in the
             clip. With num_frames <= clip x rate, each frame once, in order.
         fps: decode the frames shown at this rate over the clip (repeating or skipping frames).
