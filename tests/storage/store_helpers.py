@@ -4,9 +4,15 @@ different one in each test folder, so tests and credential providers import this
 from __future__ import annotations
 
 import io
+import random
+import tarfile
+from urllib.parse import unquote
 
+import pytest
 import webdataset as wds
 
+from wds_datapipes.errors import ShardReadError
+from wds_datapipes.shards.openers import open_shard
 from wds_datapipes.storage import cloud_settings
 
 
@@ -34,3 +40,36 @@ def provided_credentials() -> object:
     keys that AIStore's /s3 (auth off) accepts, given by a function, not by the environment."""
     return lambda: {"access_key_id": "from-provider", "secret_access_key": "provider-secret", "token": None,
                     "expires_at": None}
+
+
+def tar_of(members) -> bytes:
+    """A ustar archive of (name, bytes) members, written by ``tarfile`` (the tests' oracle writer)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def check_a_change_mid_read_is_a_read_error(store, fault_proxy, monkeypatch, limits) -> None:
+    """The first answer of ``obj.tar`` is cut; before the resumed request reaches the server, the
+    object is written again: the read fails with a ShardReadError saying it changed, naming it."""
+    bucket = store.new_bucket()
+    store.put(bucket, "obj.tar", random.Random(4).randbytes(1_000_000))
+
+    def schedule(request):
+        if request.method != "GET" or "obj.tar" not in unquote(request.path):  # GCS sends obj%2Etar
+            return "ok"
+        if request.number == 0:
+            return "cut"
+        store.put(bucket, "obj.tar", random.Random(5).randbytes(1_000_000))
+        return "ok"
+
+    through, _ = fault_proxy(store, schedule)
+    configured(through, monkeypatch)
+    with pytest.raises(ShardReadError, match="changed") as caught, \
+            open_shard(through.url(bucket, "obj.tar"), 0, limits) as stream:
+        stream.read()
+    assert "obj.tar" in str(caught.value)

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, unquote
 
 import pytest
 from fault_proxy import first_faults, random_faults
-from store_helpers import configured, shard_bytes
+from store_helpers import check_a_change_mid_read_is_a_read_error, configured, shard_bytes
 
 from wds_datapipes.errors import ShardOpenError, ShardReadError
 from wds_datapipes.limits import Limits
@@ -109,23 +109,7 @@ def test_a_presigned_read_resumes_at_the_exact_byte(store, fault_proxy, monkeypa
 
 
 def test_an_object_changed_mid_presigned_read_is_a_read_error_saying_so(store, fault_proxy, monkeypatch, forked):
-    bucket = store.new_bucket()
-    store.put(bucket, "obj.tar", _data(4, 1_000_000))
-
-    def schedule(request):
-        if request.method != "GET" or "obj.tar" not in unquote(request.path):
-            return "ok"
-        if request.number == 0:
-            return "cut"
-        store.put(bucket, "obj.tar", _data(5, 1_000_000))
-        return "ok"
-
-    through, _ = fault_proxy(store, schedule)
-    configured(through, monkeypatch)
-    with pytest.raises(ShardReadError, match="changed") as caught, \
-            open_shard(through.url(bucket, "obj.tar"), 0, FAST) as stream:
-        stream.read()
-    assert "obj.tar" in str(caught.value)
+    check_a_change_mid_read_is_a_read_error(store, fault_proxy, monkeypatch, FAST)
 
 
 @pytest.fixture(params=SIGNS)

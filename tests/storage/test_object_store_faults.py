@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import io
 import random
 import tarfile
 import threading
@@ -19,7 +18,7 @@ import time
 
 import pytest
 from fault_proxy import random_faults
-from store_helpers import configured
+from store_helpers import configured, tar_of
 from torch.utils.data import DataLoader
 
 import wds_datapipes as wd
@@ -68,15 +67,10 @@ def _write_shards(folder, count: int, seed: int) -> dict[str, bytes]:
     draws = random.Random(seed)
     shards = {}
     for shard in range(count):
-        out = io.BytesIO()
-        with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-            for i in range(draws.randint(3, 6)):
-                for ext, data in (("cls", str(i).encode()), ("bin", draws.randbytes(draws.randint(0, 6000)))):
-                    info = tarfile.TarInfo(f"s{shard:04d}-{i:02d}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+        members = [(f"s{shard:04d}-{i:02d}.{ext}", data) for i in range(draws.randint(3, 6))
+                   for ext, data in (("cls", str(i).encode()), ("bin", draws.randbytes(draws.randint(0, 6000))))]
         name = f"shard-{shard:04d}.tar"
-        (folder / name).write_bytes(out.getvalue())
+        (folder / name).write_bytes(tar_of(members))
         shards[name] = (folder / name).read_bytes()
     return shards
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import io
 import json
 import os
 import random
@@ -22,7 +21,7 @@ import textwrap
 
 import pytest
 from stack import DataLoader2, needs_dataloader2
-from store_helpers import configured
+from store_helpers import configured, tar_of
 
 pytest.importorskip("obstore")
 pytestmark = pytest.mark.timeout(300)
@@ -81,15 +80,10 @@ def s3_shards(s3_server, monkeypatch, tmp_path):
     draws = random.Random(3)
     expected = collections.Counter()
     for shard in range(SHARDS):
-        out = io.BytesIO()
-        with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-            for i in range(SAMPLES):
-                for ext, data in (("cls", str(i).encode()), ("bin", draws.randbytes(draws.randint(1, 3000)))):
-                    info = tarfile.TarInfo(f"s{shard:02d}-{i}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+        members = [(f"s{shard:02d}-{i}.{ext}", data) for i in range(SAMPLES)
+                   for ext, data in (("cls", str(i).encode()), ("bin", draws.randbytes(draws.randint(1, 3000))))]
         name = f"shard-{shard:02d}.tar"
-        (tmp_path / name).write_bytes(out.getvalue())
+        (tmp_path / name).write_bytes(tar_of(members))
         s3_server.put(bucket, f"l/{name}", (tmp_path / name).read_bytes())
         with tarfile.open(tmp_path / name) as tar:  # the oracle: the file as written, read by tarfile
             for member in tar.getmembers():

@@ -11,7 +11,6 @@ import random
 import socketserver
 import threading
 import time
-from urllib.parse import unquote
 
 import pytest
 from fault_proxy import first_faults, random_faults
@@ -88,25 +87,9 @@ def test_random_faults_over_many_reads_lose_and_repeat_nothing(store, fault_prox
 def test_an_object_changed_mid_read_is_a_read_error_saying_so(store, fault_proxy, monkeypatch):
     """The first answer is cut; before the resumed request reaches the server, the object is
     written again: the stream refuses to splice the new object onto the old one."""
-    from store_helpers import configured
+    from store_helpers import check_a_change_mid_read_is_a_read_error
 
-    bucket = store.new_bucket()
-    store.put(bucket, "obj.tar", _data(4, 1_000_000))
-
-    def schedule(request):
-        if request.method != "GET" or "obj.tar" not in unquote(request.path):  # GCS sends obj%2Etar
-            return "ok"
-        if request.number == 0:
-            return "cut"
-        store.put(bucket, "obj.tar", _data(5, 1_000_000))
-        return "ok"
-
-    through, _ = fault_proxy(store, schedule)
-    configured(through, monkeypatch)
-    with pytest.raises(ShardReadError, match="changed") as caught, \
-            open_shard(through.url(bucket, "obj.tar"), 0, FAST) as stream:
-        stream.read()
-    assert "obj.tar" in str(caught.value)
+    check_a_change_mid_read_is_a_read_error(store, fault_proxy, monkeypatch, FAST)
 
 
 def test_a_failure_that_lasts_ends_in_an_error_naming_the_object_and_the_tries(store, fault_proxy, monkeypatch):
