@@ -33,8 +33,8 @@ Body faults (``stall``, ``cut``, ``cut-unsized``) fall back to ``ok`` on answers
 body to cut (not a 200/206 to a GET), and ``cut`` / ``stall`` also where the client leaves
 before the cut point: ``injected`` counts only faults a client met (``cut-unsized`` is met
 at the head, which lacks ``Content-Length``), and is counted before the client can see the
-fault; ``log`` is complete once the proxy has stopped (``with`` exits after the
-connections being served end).
+fault; reading ``log`` waits for the connections being served to end (``with`` exits
+after they end, too), so it holds every request a client has finished.
 :func:`random_faults` makes a seeded schedule; :func:`first_faults` fails the first
 requests of each path. ``injected`` (a Counter by fault) and ``log`` (one
 :class:`Exchange` per request) let a test assert what the clients lived through.
@@ -179,7 +179,11 @@ class FaultProxy:
 
     @property
     def log(self) -> list[Exchange]:
-        """What became of each request, in the order they ended."""
+        """What became of each request, in the order they ended. Waits (up to 10 s) for the
+        connections being served to end first: a client can have read a whole answer before
+        the thread serving it has noted it, and a test asking right after would miss it."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._active == 0, timeout=10)
         return self.exchanges
 
     @property
