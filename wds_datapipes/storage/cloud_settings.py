@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ShardOpenError
 from ..limits import Limits
@@ -177,17 +178,37 @@ def object_identity(url: str) -> str:
     """What names the object ``url`` reads, for the shard cache's key: the URL, and after it
     the endpoint where its settings (its pipeline's or the process's) name one: one bucket
     name on two servers is two objects. An endpoint holds no secret (StoreSettings refuses
-    ``user:password@`` and queries). Any other URL: its text."""
+    ``user:password@`` and queries). Where no settings name one, the endpoint the cloud's
+    environment sets (``AWS_ENDPOINT_URL`` ..., :func:`_env_endpoint`: the one obstore
+    uses), shorn of any user, password or query. Any other URL: its text."""
     text = str.__str__(url)
     if text.partition("://")[0].lower() not in SCHEMES:
         return text
     settings = settings_for(url)
-    where = [f"at {settings.endpoint}"] if settings.endpoint is not None else []
+    endpoint = settings.endpoint or _env_endpoint(text.partition("://")[0].lower())
+    where = [f"at {endpoint}"] if endpoint else []
     # options name the account or endpoint too (Azure's account_name, an endpoint option): two
     # accounts' c/k are two objects. Options hold no secret (StoreSettings refuses those names).
     where += [f"{name}={value}" for name, value in settings.options
               if any(word in name.lower() for word in ("account", "endpoint", "bucket", "container", "project"))]
     return " ".join([text, *where])
+
+
+def _env_endpoint(scheme: str) -> str:
+    """The endpoint ``scheme``'s environment sets for obstore (the first of its variables, as
+    ``build_store`` reads them), without a ``user:password@`` or a query; "" where none.
+    For ``az://``, the account too (two accounts' container/key are two objects)."""
+    endpoint = next((os.environ[v] for v in _ENDPOINT_ENV[scheme] if os.environ.get(v)), "")
+    if endpoint:
+        parts = urlsplit(endpoint)
+        endpoint = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    if scheme == "az":
+        account = next((os.environ[v] for v in _ACCOUNT_ENV if os.environ.get(v)), "")
+        endpoint = " ".join(part for part in (endpoint, account and f"account={account}") if part)
+    return endpoint
+
+
+_ACCOUNT_ENV = ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT")
 
 
 # -- settings given to one pipeline in code
