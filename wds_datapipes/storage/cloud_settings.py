@@ -42,7 +42,14 @@ SCHEMES = ("s3", "gs", "az")
 SETTINGS_ENV = "WDS_STORE_SETTINGS"
 _INSTALL = "pip install 'wds-datapipes[cloud]'"
 # Option names whose values are secrets: they never go into StoreSettings.options.
-_SECRET_NAME = re.compile(r"secret|password|token|(^|_)key$|sas|credential", re.IGNORECASE)
+# Customer-provided encryption keys too: S3's SSE-C ``aws_sse_customer_key_base64``, Azure's
+# ``azure_storage_encryption_key``.
+_SECRET_NAME = re.compile(r"secret|password|token|(^|_)key$|key_base64|customer_key|sas|credential", re.IGNORECASE)
+# Options (and the variables obstore reads) that encrypt objects with a key the client sends
+# on every request: a presigned URL cannot carry it (see customer_keyed).
+_CUSTOMER_KEY_OPTION = re.compile(r"sse_customer_key|encryption_key", re.IGNORECASE)
+_CUSTOMER_KEY_ENV = {"s3": ("AWS_SSE_CUSTOMER_KEY_BASE64",), "gs": (),
+                     "az": ("AZURE_STORAGE_ENCRYPTION_KEY", "AZURE_ENCRYPTION_KEY")}
 _ENDPOINT_ENV = {"s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"), "gs": ("GOOGLE_BASE_URL",),
                  "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT")}
 _ALLOW_HTTP_ENV = {"s3": "AWS_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP"}
@@ -192,6 +199,17 @@ def object_identity(url: str) -> str:
     where += [f"{name}={value}" for name, value in settings.options
               if any(word in name.lower() for word in ("account", "endpoint", "bucket", "container", "project"))]
     return " ".join([text, *where])
+
+
+def customer_keyed(scheme: str, settings: StoreSettings) -> bool:
+    """Whether ``scheme``'s store sends a customer-provided encryption key with each request
+    (S3 SSE-C, Azure CPK): named in ``settings.credentials_env`` (the key is a secret:
+    :class:`StoreSettings` refuses it in ``options``) or set in the environment obstore
+    reads. Such objects are never read by a presigned URL: the key's headers cannot ride in
+    one, and S3 answers 400 (Azure 409) to a GET without them."""
+    if any(_CUSTOMER_KEY_OPTION.search(name) for name, _ in (*settings.credentials_env, *settings.options)):
+        return True
+    return any(os.environ.get(variable) for variable in _CUSTOMER_KEY_ENV.get(scheme, ()))
 
 
 def _env_endpoint(scheme: str) -> str:

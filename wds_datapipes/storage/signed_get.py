@@ -14,6 +14,8 @@ caller's errors name the ``s3://bucket/key`` URL instead.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import http.client
 import os
 import re
@@ -177,16 +179,35 @@ def _failure(response: http.client.HTTPResponse) -> StoreFailure:
     code = code_match.group(1) if code_match else b""
     said = f"HTTP {status} {reason}" + (f" ({code.decode()})" if code else "")
     if status in (304, 412):
-        return StoreFailure(CHANGED, said)
-    if status in (401, 403):
-        return StoreFailure(DENIED, said)
-    if status == 404:
-        return StoreFailure(MISSING_BUCKET if code in _BUCKET_CODES else MISSING_OBJECT, said)
-    if status == 416:
-        return StoreFailure(PAST_END, said)
-    if status in _RETRIED:
-        return StoreFailure(TRANSIENT, said)
-    return StoreFailure(REFUSED, said)
+        kind = CHANGED
+    elif status in (401, 403):
+        kind = DENIED
+    elif status == 404:
+        kind = MISSING_BUCKET if code in _BUCKET_CODES else MISSING_OBJECT
+    elif status == 416:
+        kind = PAST_END
+    elif status in _RETRIED:
+        return StoreFailure(TRANSIENT, said, status, retry_after(response.getheader("Retry-After")))
+    else:
+        kind = REFUSED
+    return StoreFailure(kind, said, status)
+
+
+def retry_after(value: str | None) -> float | None:
+    """The seconds a ``Retry-After`` header asks to wait (a number of seconds, or an HTTP
+    date), None where it is absent or unreadable; never negative."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
 def _redirected(url: str, location: str) -> str:

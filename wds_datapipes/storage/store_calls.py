@@ -41,11 +41,13 @@ _NOT_FOUND = re.compile(r"status code: 404\b")
 
 
 class StoreFailure(Exception):
-    """An obstore call failed: ``kind`` (one of the constants above) and obstore's message, redacted."""
+    """An obstore call failed: ``kind`` (one of the constants above) and obstore's message, redacted;
+    where our own code saw the HTTP answer (:mod:`.signed_get`), its ``status`` and the
+    seconds its ``Retry-After`` asked for (``retry_after``), else None."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, status: int | None = None, retry_after: float | None = None):
         super().__init__(kind, message)
-        self.kind, self.message = kind, message
+        self.kind, self.message, self.status, self.retry_after = kind, message, status, retry_after
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
