@@ -14,8 +14,6 @@ caller's errors name the ``s3://bucket/key`` URL instead.
 
 from __future__ import annotations
 
-import datetime
-import email.utils
 import http.client
 import os
 import re
@@ -28,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .resuming import Body, Opened, http_opened
+from .retry import retry_after
 from .store_calls import (
     CHANGED,
     DENIED,
@@ -192,22 +191,6 @@ def _failure(response: http.client.HTTPResponse) -> StoreFailure:
         kind = REFUSED
     return StoreFailure(kind, said, status)
 
-
-def retry_after(value: str | None) -> float | None:
-    """The seconds a ``Retry-After`` header asks to wait (a number of seconds, or an HTTP
-    date), None where it is absent or unreadable; never negative."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
 def _redirected(url: str, location: str) -> str:
