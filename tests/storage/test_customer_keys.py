@@ -44,6 +44,8 @@ def test_a_customer_key_is_refused_as_a_plain_option_and_named_by_its_variable_o
     assert not any(KEY in text for text in shown)
     assert KEY.encode() not in pickle.dumps(settings) + pickle.dumps(url)
     assert customer_keyed("s3", settings) and not customer_keyed("s3", StoreSettings())
+    assert customer_keyed("s3", StoreSettings(options={"aws_server_side_encryption": "sse-c"}))
+    assert not customer_keyed("s3", StoreSettings(options={"aws_server_side_encryption": "aws:kms"}))
 
 
 def test_a_customer_key_in_a_header_or_an_option_is_redacted():

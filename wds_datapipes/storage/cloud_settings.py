@@ -209,6 +209,8 @@ def customer_keyed(scheme: str, settings: StoreSettings) -> bool:
     one, and S3 answers 400 (Azure 409) to a GET without them."""
     if any(_CUSTOMER_KEY_OPTION.search(name) for name, _ in (*settings.credentials_env, *settings.options)):
         return True
+    if any(value.lower() == "sse-c" for _, value in settings.options):  # aws_server_side_encryption
+        return True
     return any(os.environ.get(variable) for variable in _CUSTOMER_KEY_ENV.get(scheme, ()))
 
 
