@@ -40,10 +40,10 @@ CHILD = textwrap.dedent("""
     if pid == 0:
         result = {}
         try:
-            if how == "stop":
-                store_calls._wait_bound = lambda limits, upload_bytes=0: 3.0
             with open_shard(url, 0, limits) as stream:
                 got = bytearray(stream.read(100_000))
+                if how == "stop":  # from here on (the agent started), 10 s without an answer is a lost agent
+                    store_calls._wait_bound = lambda limits, upload_bytes=0: 10.0
                 first = store_calls._the_agent._proc.pid
                 os.kill(first, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
                 result["agents"] = [first]

@@ -262,7 +262,7 @@ class _Agent:
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.pid = os.getpid()
         self.ended: str | None = None  # why this agent takes no more calls
-        self._handles: dict[int, tuple[str, float]] = {}  # open read or listing -> (what, wait bound)
+        self._handles: dict[int, tuple[str, Limits]] = {}  # open read or listing -> (what, its limits)
 
     def _call(self, what: str, bound_s: float, *request):
         with self._lock:
@@ -302,16 +302,16 @@ class _Agent:
         return self._call(f"head {_named(target, key)}", _wait_bound(target.limits), "head", target, key)
 
     def get(self, target: Target, key: str, offset: int, if_match: str | None):
-        what, bound = f"read {_named(target, key)} from byte {offset}", _wait_bound(target.limits)
-        handle, meta = self._call(what, bound, "get", target, key, offset, if_match)
-        self._handles[handle] = (f"read {_named(target, key)}", bound)
+        what = f"read {_named(target, key)} from byte {offset}"
+        handle, meta = self._call(what, _wait_bound(target.limits), "get", target, key, offset, if_match)
+        self._handles[handle] = (f"read {_named(target, key)}", target.limits)
         return meta, self._drain(handle, *self._handles[handle])
 
     def list_pages(self, target: Target, prefix: str, page_size: int, after: str | None = None):
-        what, bound = f"list {_named(target, prefix)}", _wait_bound(target.limits)
-        handle = self._call(what, bound, "list", target, prefix, page_size, after)
-        self._handles[handle] = (what, bound)
-        return self._drain(handle, what, bound)
+        what = f"list {_named(target, prefix)}"
+        handle = self._call(what, _wait_bound(target.limits), "list", target, prefix, page_size, after)
+        self._handles[handle] = (what, target.limits)
+        return self._drain(handle, what, target.limits)
 
     def put(self, target: Target, path: str, key: str) -> dict[str, Any]:
         try:
@@ -323,14 +323,14 @@ class _Agent:
     def sign(self, target: Target, key: str, expires_s: float) -> str:
         return self._call(f"sign {_named(target, key)}", _wait_bound(target.limits), "sign", target, key, expires_s)
 
-    def _drain(self, handle: int, what: str, bound: float) -> Iterator:
+    def _drain(self, handle: int, what: str, limits: Limits) -> Iterator:
         try:
-            while (item := self._call(what, bound, "next", handle)) is not None:
+            while (item := self._call(what, _wait_bound(limits), "next", handle)) is not None:
                 yield item
         finally:
             if self._handles.pop(handle, None) is not None and self.ended is None:
                 try:
-                    self._call(what, bound, "close", handle)
+                    self._call(what, _wait_bound(limits), "close", handle)
                 except StoreFailure:
                     pass  # the agent was lost meanwhile: nothing is left open
 
