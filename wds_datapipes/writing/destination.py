@@ -37,6 +37,7 @@ from ..epochs.index import ShardIndex, ShardScan
 from ..epochs.places import ShardPlaces
 from ..errors import ShardOpenError, ShardWriteError, WdsError
 from ..shards.openers import backend_for, open_source, url_scheme
+from ..storage.store_calls import StoreFailure, not_found
 from .progress import ProgressLog, WriterSettings, join_index, object_still_there, progress_path
 from .shard_file import ShardResult
 
@@ -104,15 +105,32 @@ def put_whole(path: str, url: str, *, tries: int = 3, wait_s: float = 0.5, limit
 
 
 def is_missing(exn: BaseException) -> bool:
-    """Whether a failed read says the object does not exist (rather than that the store failed)."""
-    if isinstance(exn, FileNotFoundError):
-        return True
-    text = str(getattr(exn, "reason", None) or exn).lower()
-    return any(words in text for words in ("does not exist", "not found", "nosuchkey", "no such file")) \
-        or _STATUS_404.search(text) is not None
+    """Whether a failed read or upload says the object or its bucket does not exist (rather
+    than that the store failed), by the status alone: a local FileNotFoundError, the kind of
+    an object store's failure (:func:`~wds_datapipes.storage.store_calls.not_found`), an HTTP
+    status (``status``, ``status_code``, ``code``) of the error or of what caused it, else a
+    status in words (``HTTP 404``, ``status code: 404``). Never a ``404`` or "not found" in
+    a bucket's, a key's or a path's name (``s3://runs-404/shards/404/x.tar``)."""
+    seen: set[int] = set()
+    error: BaseException | None = exn
+    while error is not None and id(error) not in seen:  # the error, then what caused it
+        seen.add(id(error))
+        if isinstance(error, FileNotFoundError):
+            return True
+        if isinstance(error, StoreFailure):
+            return not_found(error)
+        status = next((value for name in ("status", "status_code", "code")
+                       if isinstance(value := getattr(error, name, None), int) and 100 <= value < 600), None)
+        if status is not None:
+            return status == 404
+        error = error.__cause__ or error.__context__
+    text = str(getattr(exn, "reason", None) or exn)
+    return _STATUS_404.search(text) is not None
 
 
-_STATUS_404 = re.compile(r"(?<![\w.-])404(?![\w.-])")  # a status, not digits in a bucket's or key's name
+# A 404 as a status in words: "HTTP 404", "HTTP Error 404", "status code: 404", "404 Not Found".
+_STATUS_404 = re.compile(r"\b(?:HTTP(?:/[\d.]+)?(?: Error)?:?|status(?: code)?:?)\s*404\b|(?<![\w./-])404 Not Found\b",
+                         re.IGNORECASE)
 
 
 class RemoteFiles:
