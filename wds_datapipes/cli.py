@@ -13,6 +13,9 @@
   (it is fetched again). A directory that does not exist (or another user's): exit status 2.
 - ``create SOURCE -o out/train-%06d.tar``: write shards and their index in one pass from
   folders, manifests or shards (:mod:`wds_datapipes.writing.command`).
+
+Each takes ``--endpoint URL`` and ``--store-option KEY=VALUE`` for its ``s3://``, ``gs://``
+and ``az://`` URLs (:mod:`wds_datapipes.storage.store_options`).
 """
 
 from __future__ import annotations

@@ -12,20 +12,26 @@ as Python's ``tarfile`` reads them.
 
 from __future__ import annotations
 
+import argparse
 import io
+import json
 import os
 import pickle
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from store_helpers import configured, shard_bytes
 
 from tests.writing.conftest import make_samples
 from wds_datapipes.shards.openers import open_source
 from wds_datapipes.storage import cloud_settings
 from wds_datapipes.storage.cloud_settings import StoreSettings, StoreUrl
+from wds_datapipes.storage.store_options import store_of_arguments
 from wds_datapipes.writing import write_shards
 
 pytest.importorskip("obstore")
@@ -65,31 +71,33 @@ def s3(s3_server, fault_proxy, monkeypatch):
 
 
 def test_two_writes_to_one_bucket_name_each_reach_only_their_own_endpoint(s3, tmp_path):
-    """Two runs into one bucket (A with 2 worker processes, B with 1), the process's settings
-    for ``s3://`` pointing at a third proxy; then A again, which resumes from its records
-    (their reads and the HEADs that check its shards go to A too). Oracle: the same runs
-    written to local folders (byte for byte, and tarfile's members); the proxies' logs."""
+    """Two runs into one bucket (A with 2 worker processes, its index and records at the
+    destination; B with 1, its index and records in a local folder), the process's settings
+    for ``s3://`` pointing at a third proxy; then both again: each resumes from its records
+    (their reads and the HEADs that check its shards go to its own proxy too). Oracle: the
+    same runs written to local folders (byte for byte, and tarfile's members); the proxies' logs."""
     server, proxies = s3
     bucket = server.new_bucket("own-write")
-    runs = {"A": (make_samples(23, seed=1), 2), "B": (make_samples(17, seed=2), 1)}
+    runs = {"A": (make_samples(23, seed=1), 2, None), "B": (make_samples(17, seed=2), 1, str(tmp_path / "B.json"))}
     cloud_settings.set_store_settings("s3://", _settings(proxies["process"].url + "/s3"))
     try:
-        reports = {}
-        for who, (samples, workers) in runs.items():
+        reports, again, resumed = {}, {}, {}
+        for who, (samples, workers, index) in runs.items():
             own = _settings(proxies[who].url + "/s3")
             reports[who] = write_shards(samples, f"s3://{bucket}/{who}/s-%04d.tar", maxcount=6, workers=workers,
-                                        spool=str(tmp_path / f"spool-{who}"), store=own)
+                                        index=index, spool=str(tmp_path / f"spool-{who}"), store=own)
             assert isinstance(reports[who].index.url(0), StoreUrl)  # the index returned reads through them too
             assert reports[who].index.url(0).stores.settings_for(reports[who].index.url(0)) == own
-        before = len(proxies["A"].log)
-        again = write_shards(runs["A"][0], f"s3://{bucket}/A/s-%04d.tar", maxcount=6,
-                             spool=str(tmp_path / "spool-again"), store=_settings(proxies["A"].url + "/s3"))
-        resumed = proxies["A"].log[before:]
+        for who, (samples, workers, index) in runs.items():
+            before = len(proxies[who].log)
+            again[who] = write_shards(samples, f"s3://{bucket}/{who}/s-%04d.tar", maxcount=6, index=index,
+                                      spool=str(tmp_path / f"again-{who}"), store=_settings(proxies[who].url + "/s3"))
+            resumed[who] = {e.method for e in proxies[who].log[before:]}
     finally:
         cloud_settings.set_store_settings("s3://", None)
-    assert again.resumed == 4 and again.written == 23
-    assert {e.method for e in resumed} >= {"GET", "HEAD"} and "PUT" in {e.method for e in resumed}  # records, checks
-    for who, (samples, _) in runs.items():
+    assert (again["A"].resumed, again["A"].written, again["B"].resumed, again["B"].written) == (4, 23, 3, 17)
+    assert resumed["A"] >= {"GET", "HEAD", "PUT"} and resumed["B"] == {"HEAD"}  # records read, shards checked
+    for who, (samples, _, index) in runs.items():
         local = tmp_path / f"local-{who}"
         write_shards(samples, str(local / "s-%04d.tar"), maxcount=6, fsync=False)
         shards = sorted(local.glob("s-*.tar"))
@@ -97,18 +105,60 @@ def test_two_writes_to_one_bucket_name_each_reach_only_their_own_endpoint(s3, tm
         for n, path in enumerate(shards):
             data = _read(f"s3://{bucket}/{who}/s-{n:04d}.tar")
             assert data == path.read_bytes() and _members(data) == _members(path.read_bytes())
-        assert b'"shardlist"' in _read(f"s3://{bucket}/{who}/index.json")
+        assert b'"shardlist"' in (_read(f"s3://{bucket}/{who}/index.json") if index is None else Path(index).read_bytes())
         log = proxies[who].log
         # its objects, and listings of the bucket (a record not found: the bucket is there?)
         assert all(e.path.startswith(f"/s3/{bucket}/{who}/") or e.path == f"/s3/{bucket}" for e in log), log
         puts = {e.path for e in log if e.method == "PUT"}
-        assert {f"/s3/{bucket}/{who}/s-{n:04d}.tar" for n in range(len(shards))} | {
-            f"/s3/{bucket}/{who}/index.json"} <= puts
+        assert {f"/s3/{bucket}/{who}/s-{n:04d}.tar" for n in range(len(shards))} <= puts
+        assert (f"/s3/{bucket}/{who}/index.json" in puts) == (index is None)
         assert any(e.method == "HEAD" for e in log)  # each upload's size checked there
     assert not proxies["process"].log
 
 
 # ------------------------------------------------------------ the commands
+
+
+# (option, whether its value is a secret), as docs/storage.md lists them
+OPTIONS = {"region": False, "access_key_id": False, "skip_signature": False, "account_name": False,
+           "virtual_hosted_style_request": False, "secret_access_key": True, "account_key": True, "token": True,
+           "sas_key": True, "aws_session_token": True, "client_secret": True}
+
+
+@settings(max_examples=40, deadline=None)
+@given(given_=st.lists(st.tuples(st.sampled_from(sorted(OPTIONS)), st.text("abcXYZ019-/+=", min_size=8,
+                                                                          max_size=20)),
+                       unique_by=lambda pair: pair[0], min_size=1, max_size=5))
+def test_command_line_options_keep_every_secret_value_out_of_the_settings(given_):
+    """Oracle: a table of which options are secrets (docs/storage.md's list): a secret's value
+    is only in the variable the settings name, every other option is in the settings as given,
+    and neither the settings' repr, JSON nor pickle holds a secret's value."""
+    values = {key: f"v-{key}-{text}" for key, text in given_}
+    args = argparse.Namespace(endpoint="http://127.0.0.1:9/s3", store_option=[f"{k}={v}" for k, v in values.items()])
+    saved = dict(os.environ)
+    try:
+        made = store_of_arguments(args)
+        shown = repr(made) + json.dumps(made.to_json()) + pickle.dumps(made).decode("latin-1")
+        for key, value in values.items():
+            if OPTIONS[key]:
+                assert value not in shown and os.environ[dict(made.credentials_env)[key]] == value
+            else:
+                assert dict(made.options)[key] == value
+        assert dict(made.options).keys() | dict(made.credentials_env).keys() == values.keys()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_a_malformed_option_or_an_endpoint_with_a_password_is_named_never_shown():
+    for args, words in (({"store_option": [SECRET]}, "--store-option number 1"),
+                        ({"store_option": ["region=x", f"{SECRET}"]}, "--store-option number 2"),
+                        ({"endpoint": f"http://u:{SECRET}@h:1/s3"}, "--endpoint"),
+                        ({"store_option": [f"endpoint={SECRET}"]}, "--endpoint URL")):
+        with pytest.raises(ValueError, match=words) as refused:
+            store_of_arguments(argparse.Namespace(**{"endpoint": None, "store_option": [], **args}))
+        assert SECRET not in str(refused.value)
+    assert store_of_arguments(argparse.Namespace(endpoint=None, store_option=[])) is None
 
 
 def _command(*args: str, env: dict[str, str], expect: int = 0) -> str:
