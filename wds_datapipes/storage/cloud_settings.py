@@ -127,7 +127,7 @@ class StoreSettings:
         if endpoint is not None and ("@" in endpoint.partition("://")[2].partition("/")[0] or "?" in endpoint):
             raise ValueError("StoreSettings.endpoint must not carry credentials (user:password@ or a query)")
         for name, _ in self.options:
-            if _SECRET_NAME.search(name):
+            if looks_secret(name):
                 raise ValueError(f"StoreSettings.options must not hold secrets ({name!r}): name the environment "
                                  "variable in credentials_env, or give a credential_provider")
         if credential_provider is not None and ":" not in credential_provider:
@@ -140,6 +140,11 @@ class StoreSettings:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StoreSettings:
         return cls(**{k: (tuple(map(tuple, v)) if isinstance(v, list) else v) for k, v in data.items()})
+
+
+def looks_secret(option: str) -> bool:
+    """Whether a store option's name says its value is a secret (a key, a token, a password, a SAS)."""
+    return _SECRET_NAME.search(option) is not None
 
 
 def _pairs(value: dict[str, str] | tuple) -> tuple[tuple[str, str], ...]:
