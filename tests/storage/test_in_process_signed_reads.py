@@ -13,12 +13,15 @@ a forwarding proxy's record of the requests sent through it).
 from __future__ import annotations
 
 import logging
+import os
 import random
 import socket
 import socketserver
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from store_helpers import configured
 
 from wds_datapipes.limits import Limits
@@ -131,3 +134,34 @@ def test_a_proxy_in_the_environment_keeps_obstore_s_get_in_process(request, monk
     gets = [seen for seen in proxy.seen if seen.startswith("GET ") and "obj.tar" in seen]
     assert len(gets) == 2 and not [g for g in gets if any(name in g for name in SIGNATURE)]
     assert len([r for r in caplog.records if "no presigned reads" in r.getMessage()]) == 1
+
+
+PROXY_NAMES = st.sampled_from(["http_proxy", "HTTP_PROXY", "https_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY",
+                               "WDS_NOT_A_PROXY", "proxy"])
+PROXY_VALUES = st.sampled_from(["", "http://127.0.0.1:3128", "127.0.0.1", "example.com,localhost", "*"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(env=st.dictionaries(PROXY_NAMES, PROXY_VALUES, max_size=4),
+       url=st.sampled_from(["http://127.0.0.1:9000/b/k?sig=x", "https://example.com/b/k?sig=x",
+                            "http://localhost/b/k?X-Amz-Signature=y"]))
+def test_whether_a_signed_url_goes_through_a_proxy_is_urllib_s_answer(env, url):
+    """Oracle: urllib.request.getproxies() and proxy_bypass() asked directly (the fast path that
+    skips them when no variable is named ``*_proxy`` must agree)."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    from wds_datapipes.storage.signed_get import SignedUrl, proxied
+
+    names = [n for n in os.environ if n.lower().endswith("_proxy") or n.lower() == "proxy"]
+    saved = {n: os.environ.pop(n) for n in names}
+    try:
+        os.environ.update(env)
+        parts = urlsplit(url)
+        expected = bool(urllib.request.getproxies().get(parts.scheme)) and not urllib.request.proxy_bypass(
+            parts.hostname)
+        assert proxied(SignedUrl(url)) == expected
+    finally:
+        for name in env:
+            os.environ.pop(name, None)
+        os.environ.update(saved)
