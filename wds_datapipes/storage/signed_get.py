@@ -1,8 +1,10 @@
-"""A GET of a presigned object URL over ``http.client``: how a process forked after obstore
-started reads an object's bytes (see :mod:`.store_calls`).
+"""A GET of a presigned object URL over ``http.client``: how ``s3://`` and ``az://`` bodies are
+read in every process, and any scheme's in a process forked after obstore started (see
+:mod:`.store_calls`, and :class:`~.object_store.ObjectStream` for the rule).
 
-Its store agent signs the URL (one cheap round trip); the bytes then come straight from
-the server into the reader's buffer, with no pipe between. Every answer is told as the
+The URL is signed by ``obstore.sign`` (in-process, or by a forked process's store agent:
+one cheap round trip); the bytes then come straight from the server into the reader's
+buffer, with no pipe between and no chunk copied out of obstore's runtime. Every answer is told as the
 obstore calls tell theirs, a :class:`~.store_calls.StoreFailure` of one kind (the object
 changed, access denied, missing, past the end, refused, transient), so the object stream
 retries, resumes and pins the ETag the same way on either path.
