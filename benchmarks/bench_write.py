@@ -1,6 +1,6 @@
 """Writing shards from an ImageFolder tree: ours against ``cp -r``, webdataset's ShardWriter and LitData.
 
-    python benchmarks/bench_write.py [--files 4000] [--images 400] [--rounds 5]
+    python benchmarks/bench_write.py [--files 4000] [--images 400] [--rounds 9]
 
 The input: ``--files`` files of 50-150 KB of random bytes in 40 class folders, read once
 so they sit in the page cache. A copy-only conversion to shards of 1000 samples (each
@@ -148,7 +148,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=4000)
     parser.add_argument("--images", type=int, default=400)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench-write-")
     try:

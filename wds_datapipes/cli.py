@@ -13,6 +13,9 @@
   (it is fetched again). A directory that does not exist (or another user's): exit status 2.
 - ``create SOURCE -o out/train-%06d.tar``: write shards and their index in one pass from
   folders, manifests or shards (:mod:`wds_datapipes.writing.command`).
+
+Each takes ``--endpoint URL`` and ``--store-option KEY=VALUE`` for its ``s3://``, ``gs://``
+and ``az://`` URLs (:mod:`wds_datapipes.storage.store_options`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from .errors import WdsError
 from .shards.grouping import group_members
 from .shards.listing import expand_url_spec
 from .shards.openers import list_urls, open_shard, resolve_local, url_scheme  # noqa: F401 - names kept (docs/layout.md)
+from .storage.cloud_settings import PipelineStores, with_stores
+from .storage.store_options import add_store_arguments, store_of_arguments
 from .tar import iter_tar_members
 from .writing.command import add_create_command
 
@@ -71,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
                        "(a remote shard once the shard cache holds it)")
     index.add_argument("--restart", action="store_true", help="ignore the progress of an interrupted run")
     index.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_store_arguments(index)
     index.set_defaults(run=_index)
 
     inspect = commands.add_parser(
@@ -81,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("target", help="an index (.json) or a shard URL")
     inspect.add_argument("-n", "--samples", type=int, default=10, help="samples to list or sample (default 10)")
     inspect.add_argument("--shards", type=int, default=10, help="shards of an index to list (default 10)")
+    add_store_arguments(inspect)
     inspect.set_defaults(run=_inspect)
 
     verify = commands.add_parser(
@@ -96,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--across-shards", action="store_true",
                         help="also check that no key appears in two shards (holds every key in memory)")
     verify.add_argument("--allow-pipe", action="store_true", help="let the index's URLs be pipe: commands")
+    add_store_arguments(verify)
     verify.set_defaults(run=_verify)
     add_create_command(commands)
     return parser
@@ -104,14 +112,16 @@ def _parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------ index
 
 
-def expand_urls(specs: Iterable[str]) -> list[str]:
+def expand_urls(specs: Iterable[str], stores: PipelineStores | None = None) -> list[str]:
     """Shard URLs from what a user typed: braces, then what each scheme's back end lists
-    (local globs and directories, an object store's glob or prefix: ``backend_for(url).list``)."""
-    return [listed for spec in specs for url in expand_url_spec(spec) for listed in list_urls(url)]
+    (local globs and directories, an object store's glob or prefix: ``backend_for(url).list``),
+    object-store URLs carrying ``stores`` (``--endpoint``, ``--store-option``) where given."""
+    return [listed for spec in specs for url in expand_url_spec(spec) for listed in list_urls(with_stores(url, stores))]
 
 
 def _index(args: argparse.Namespace) -> int:
-    urls = expand_urls(args.urls)
+    stores = PipelineStores.of(store_of_arguments(args))
+    urls = expand_urls(args.urls, stores)
     if not urls:
         raise WdsError(f"no shard matched {args.urls}")
     listed = set(urls)  # once: a set per finished shard made a resume quadratic (30,000 shards: 93 s)
@@ -131,7 +141,7 @@ def _index(args: argparse.Namespace) -> int:
 
         failed: dict[str, WdsError] = {}
         scans = build_index(urls, jobs=args.jobs, done=done,
-                            on_scan=record, places=args.places, failed=failed)
+                            on_scan=record, places=args.places, failed=failed, store=stores)
     if not scans:
         for error in failed.values():
             print(error, file=sys.stderr)
@@ -218,7 +228,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _inspect_index(args: argparse.Namespace) -> int:
-    index = ShardIndex.load(args.target)
+    index = ShardIndex.load(args.target, store=store_of_arguments(args))
     sizes = [s.filesize for s in index.shards if s.filesize is not None]
     print(f"index {args.target}: {len(index)} shards, {index.total} samples"
           + (f", {_bytes(sum(sizes))}" if sizes else "")
@@ -238,7 +248,7 @@ def _inspect_index(args: argparse.Namespace) -> int:
 
 
 def _inspect_shard(args: argparse.Namespace) -> int:
-    url = args.target
+    url = with_stores(args.target, PipelineStores.of(store_of_arguments(args)))
     stream = open_shard(url)
     sizes: list[dict] = []  # per sample: field -> bytes
     try:
@@ -315,7 +325,7 @@ def _verify(args: argparse.Namespace) -> int:
     if args.index is None:
         print("verify: give an index, or --cache", file=sys.stderr)
         return 2
-    index = ShardIndex.load(args.index, allow_pipe=args.allow_pipe)
+    index = ShardIndex.load(args.index, allow_pipe=args.allow_pipe, store=store_of_arguments(args))
     offsets = index.offsets_array()
     problems: list[str] = []
     owners: dict[str, str] = {}

@@ -20,14 +20,20 @@ _SECRET_PARAMETER = re.compile(  # a whole parameter name, or its last part afte
     r"([?&;](?:[^=&\s'\"]*[-_.])?(?:signature|credential|token|secret|password|sig|key|apikey)=)[^&\s'\"]+",
     re.IGNORECASE)
 _AUTHORIZATION = re.compile(r"(authorization:\s*)(?:\w+\s+)?[^\s'\"]+", re.IGNORECASE)
+# A customer-provided encryption key (S3 SSE-C, Azure CPK) as a header or a store option.
+_CUSTOMER_KEY = re.compile(
+    r"((?:server-side-encryption-customer-key|x-ms-encryption-key|sse_customer_key_base64|encryption_key)"
+    r"(?:-md5|-sha256)?['\"]?\s*[:=]\s*['\"]?)[^\s'\",}]+", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
     """``text`` with the secrets a URL or command line may carry replaced by ``***``:
     passwords in URLs, presigned URLs' signatures, credentials and tokens, Authorization
-    header values. Every message of our errors and of our logger goes through it."""
+    header values, customer-provided encryption keys (SSE-C, CPK). Every message of our
+    errors and of our logger goes through it."""
     text = _USER_PASSWORD.sub(r"\1***@", text)
     text = _SECRET_PARAMETER.sub(r"\1***", text)
+    text = _CUSTOMER_KEY.sub(r"\1***", text)
     return _AUTHORIZATION.sub(r"\1***", text)
 
 

@@ -359,7 +359,7 @@ def test_cli_index_resume_does_linear_work_in_the_shards_it_lists(tmp_path, monk
     real_entry_points = openers.entry_points
     monkeypatch.setattr(openers, "entry_points", lambda **kw: lookups.append(kw) or real_entry_points(**kw))
     real_expand = cli.expand_urls
-    monkeypatch.setattr(cli, "expand_urls", lambda specs: _CountedList(real_expand(specs)))
+    monkeypatch.setattr(cli, "expand_urls", lambda specs, *more: _CountedList(real_expand(specs, *more)))
     _CountedList.passes = 0
     assert cli.main(["index", *urls, "-o", str(out), "--quiet"]) == 0
     assert ShardIndex.load(str(out)).sizes.tolist() == [2] * n

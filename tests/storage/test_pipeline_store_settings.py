@@ -141,7 +141,10 @@ def test_a_url_carries_its_pipeline_s_settings_through_pickles_and_paths_stay_pa
         PipelineStores.of({"s3://b": {"endpoint": "http://x"}})
 
 
-def test_the_cache_key_tells_one_bucket_on_two_endpoints_apart():
+def test_the_cache_key_tells_one_bucket_on_two_endpoints_apart(monkeypatch):
+    for variable in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT",
+                     "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT"):
+        monkeypatch.delenv(variable, raising=False)
     plain = "s3://b/k.tar"
     one = with_stores(plain, PipelineStores.of(StoreSettings(endpoint="http://one:1")))
     two = with_stores(plain, PipelineStores.of(StoreSettings(endpoint="http://two:2")))
@@ -150,6 +153,40 @@ def test_the_cache_key_tells_one_bucket_on_two_endpoints_apart():
     accounts = [with_stores("az://c/k.tar", PipelineStores.of(StoreSettings(options={"account_name": name})))
                 for name in ("alpha", "beta")]
     assert cache_store.key_of(accounts[0]) != cache_store.key_of(accounts[1])  # one path in two Azure accounts
+
+
+@pytest.mark.parametrize(("scheme", "variables"), [
+    ("s3", ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")),
+    ("gs", ("GOOGLE_BASE_URL",)),
+    ("az", ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT", "AZURE_STORAGE_ACCOUNT_NAME")),
+])
+def test_the_cache_key_tells_one_bucket_on_two_endpoints_set_by_the_environment_apart(monkeypatch, scheme, variables):
+    """One bucket/key on two servers named only by the cloud's environment variables (the ones
+    obstore reads) is two cache keys; the same server, one key; and no user, password or query
+    of an endpoint goes into the identity. Oracle: the endpoint each key was made under."""
+    from wds_datapipes.storage import cloud_settings
+
+    monkeypatch.setattr(cloud_settings, "_settings", {})
+    monkeypatch.setattr(cloud_settings, "_loaded_env", None)
+    monkeypatch.delenv(cloud_settings.SETTINGS_ENV, raising=False)
+    for names in cloud_settings._ENDPOINT_ENV.values():
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    for name in cloud_settings._ACCOUNT_ENV:
+        monkeypatch.delenv(name, raising=False)
+    url = f"{scheme}://b/shards/k.tar"
+    keys = {}
+    for variable in variables:
+        for server in ("http://one:9000", "http://two:9000"):
+            value = f"{server[:7]}user:topsecret@{server[7:]}/?sig=hidden" if "ACCOUNT" not in variable else server[7:]
+            monkeypatch.setenv(variable, value)
+            keys[variable, server] = cache_store.key_of(url)
+            assert cache_store.key_of(url) == keys[variable, server]  # the same endpoint: the same key
+            identity = object_identity(url)
+            assert "topsecret" not in identity and "hidden" not in identity and "user" not in identity
+            monkeypatch.delenv(variable)
+        assert keys[variable, "http://one:9000"] != keys[variable, "http://two:9000"]
+    assert cache_store.key_of(url) not in keys.values()  # no endpoint set: the URL alone
 
 
 def test_an_index_given_settings_carries_them_on_its_object_urls_only(tmp_path):

@@ -186,3 +186,31 @@ def test_a_failure_is_a_missing_object_by_its_words_or_status_never_by_digits_in
     assert is_missing(OSError("HTTP Error 404: Not Found"))
     assert is_missing(OSError("Server returned non-2xx status code: 404"))
     assert is_missing(FileNotFoundError("s3://b/k"))
+
+
+def test_a_failure_is_a_missing_object_by_its_status_never_by_a_404_segment_in_a_key_or_bucket():
+    """A transient failure (a reset, a 503, an object store's transient kind) on
+    ``s3://runs-404/shards/404/x.tar`` is not a missing object; a 404 status is, however the
+    error carries it. Oracle: the status each error was built with (obstore's kind through
+    store_calls.classify, an HTTP status attribute, a status in words)."""
+    from wds_datapipes.errors import ShardOpenError, ShardWriteError
+    from wds_datapipes.storage.store_calls import MISSING_BUCKET, TRANSIENT, StoreFailure, classify
+    from wds_datapipes.writing.destination import is_missing
+
+    url = "s3://runs-404/shards/404/x.tar"
+
+    def raised(error: Exception, cause: Exception) -> Exception:
+        error.__context__ = cause  # what object_store's `raise ... from None` inside `except` leaves
+        error.__suppress_context__ = True
+        return error
+
+    transient = StoreFailure(TRANSIENT, f"Generic S3 error: error sending request for url (http://h/{url[5:]})")
+    assert not is_missing(ConnectionResetError(f"reset while uploading {url}"))
+    assert not is_missing(OSError(f"timed out: /404/ in {url}"))
+    assert not is_missing(ShardWriteError(f"transient failure ({transient.message})", shard=url))
+    assert not is_missing(raised(ShardWriteError(f"uploading {url}: /404/", shard=url), transient))
+    assert not is_missing(raised(ShardOpenError(url, "503 Slow Down on /runs-404/shards/404/"), transient))
+    missing = classify(FileNotFoundError(f"Object at location shards/404/x.tar not found: {url}"))
+    assert is_missing(raised(ShardOpenError(url, "the object does not exist"), missing))
+    assert is_missing(raised(ShardWriteError("the bucket does not exist", shard=url), StoreFailure(MISSING_BUCKET, "")))
+    assert is_missing(OSError("HTTP Error 404: Not Found")) and is_missing(OSError("status code: 404, body: x"))

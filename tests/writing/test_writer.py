@@ -21,7 +21,7 @@ from wds_datapipes.epochs.index import ShardIndex, scan_shard
 from wds_datapipes.shards.grouping import split_key
 from wds_datapipes.writing import FileBytes, join_index, write_shards
 from wds_datapipes.writing.plan import assign_shards, sample_cost
-from wds_datapipes.writing.shard_file import name_problem
+from wds_datapipes.writing.shard_file import check_fields, name_problem
 
 
 def _expected(samples):
@@ -187,3 +187,18 @@ def test_a_name_is_accepted_exactly_when_it_splits_back_into_its_key_and_field(k
     problem = name_problem(key, suffix)
     assert (problem is None) == (split_key(f"{key}.{suffix}") == (key, suffix.lower()))
     assert problem is None or isinstance(problem, str)
+
+
+_NAME = st.text(alphabet="ab._/\nZ", max_size=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_NAME, st.lists(_NAME, max_size=4))
+def test_a_sample_is_accepted_exactly_when_each_name_splits_back_and_none_repeats(key, suffixes):
+    """oracle: split_key again, over a whole sample (the writer's fast path for plain keys must
+    agree with it): accepted exactly when it has fields, each ``key.suffix`` splits back into
+    (key, suffix lowercased), no field name is empty (the writer's own rule: a reader would give
+    a field named ""), and no two fields are the same name lowercased."""
+    wanted = bool(suffixes) and all(s and split_key(f"{key}.{s}") == (key, s.lower()) for s in suffixes) \
+        and len({s.lower() for s in suffixes}) == len(suffixes)
+    assert (check_fields(key, suffixes) is None) == wanted

@@ -21,7 +21,7 @@ import urllib.request
 from ..errors import STREAM_FAILURES, ShardOpenError, ShardReadError  # noqa: F401 - names kept for old imports
 from ..limits import Limits, get_limits
 from ..storage.resuming import Opened, ResumingStream, http_opened
-from ..storage.retry import RetryPolicy
+from ..storage.retry import RetryPolicy, retry_after
 
 logger = logging.getLogger("wds_datapipes")
 
@@ -71,6 +71,11 @@ class HttpStream(ResumingStream):
         if isinstance(exn, urllib.error.HTTPError):
             return exn.code in _RETRIED_STATUSES
         return isinstance(exn, STREAM_FAILURES)  # refused, reset, timed out (URLError is an OSError)
+
+    def _retry_after(self, exn: BaseException) -> float | None:
+        if isinstance(exn, urllib.error.HTTPError) and exn.headers is not None:
+            return retry_after(exn.headers.get("Retry-After"))
+        return None
 
     def _describe(self, exn: BaseException) -> str:
         if isinstance(exn, urllib.error.HTTPError):

@@ -6,6 +6,15 @@ errors naming the object, and the shard cache where :func:`wds_datapipes.set_cac
 it on) instead of a subprocess (webdataset 1.0.2 opens ``gs://`` with ``gsutil cat`` and
 has no handler for ``s3://`` or ``az://``); and ``webdataset.ShardWriter("s3://bucket/train-%06d.tar")``
 uploads each shard when it closes, through the back end's ``put``.
+
+One pipeline's own object-store settings (as ``ShardLister(urls, store=...)`` takes them)
+reach webdataset on the URLs themselves, since its URL table is global: :func:`store_urls`
+gives the list of URLs to hand to ``WebDataset`` (a list passes through webdataset's
+shard list, shuffles, node and worker splits and DataLoader pickles as it is, each URL a
+:class:`~wds_datapipes.storage.cloud_settings.StoreUrl`, whereas a brace pattern given to
+webdataset is expanded by ``braceexpand`` into plain strings, which fall back to the
+process's settings); :class:`StoreOpener` is ``ShardWriter``'s ``opener`` that does the same
+for each shard it names.
 """
 
 from __future__ import annotations
@@ -14,7 +23,10 @@ import importlib
 import io
 import os
 import tempfile
+from collections.abc import Iterable
 
+from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
+from .listing import expand_url_spec
 from .openers import backend_for, open_shard
 
 _READ_BUFFER = 1 << 20  # tarfile reads 10 KiB at a time: buffer the raw stream
@@ -61,3 +73,28 @@ def register_with_webdataset(schemes: tuple[str, ...] = OBJECT_SCHEMES) -> bool:
     for scheme in schemes:
         gopen.gopen_schemes[scheme] = gopen_backend
     return True
+
+
+def store_urls(urls: str | Iterable[str], store: StoreArg) -> list[str]:
+    """The shard URLs ``urls`` names, for ``webdataset.WebDataset``, each ``s3://``, ``gs://``
+    and ``az://`` one carrying ``store`` (a StoreSettings, or ``{prefix: StoreSettings}``):
+    read through :func:`gopen_backend`, it reaches the server those settings name, ahead of
+    the process's. ``urls``: a spec (braces and ``::`` expanded, ``${NAME}`` read from
+    ``$WDS_NAME``, as webdataset expands them; no listing) or a list of them."""
+    stores = PipelineStores.of(store)
+    specs = [urls] if isinstance(urls, str) else list(urls)
+    return [with_stores(url, stores) for spec in specs for url in expand_url_spec(spec)]
+
+
+class StoreOpener:
+    """``webdataset.ShardWriter(pattern, opener=StoreOpener(store))``: each shard's name
+    (``pattern % n``, a plain string) becomes a URL carrying ``store``, which ``TarWriter``
+    opens through webdataset's ``gopen`` and so :func:`gopen_backend`: the upload goes to the
+    server the settings name. Picklable; holds no secret."""
+
+    def __init__(self, store: StoreArg):
+        self.stores = PipelineStores.of(store)
+
+    def __call__(self, name: str) -> str:
+        """``name`` carrying the settings (TarWriter opens a name it is given, and closes it)."""
+        return with_stores(name, self.stores)

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ShardOpenError
 from ..limits import Limits
@@ -41,7 +42,14 @@ SCHEMES = ("s3", "gs", "az")
 SETTINGS_ENV = "WDS_STORE_SETTINGS"
 _INSTALL = "pip install 'wds-datapipes[cloud]'"
 # Option names whose values are secrets: they never go into StoreSettings.options.
-_SECRET_NAME = re.compile(r"secret|password|token|(^|_)key$|sas|credential", re.IGNORECASE)
+# Customer-provided encryption keys too: S3's SSE-C ``aws_sse_customer_key_base64``, Azure's
+# ``azure_storage_encryption_key``.
+_SECRET_NAME = re.compile(r"secret|password|token|(^|_)key$|key_base64|customer_key|sas|credential", re.IGNORECASE)
+# Options (and the variables obstore reads) that encrypt objects with a key the client sends
+# on every request: a presigned URL cannot carry it (see customer_keyed).
+_CUSTOMER_KEY_OPTION = re.compile(r"sse_customer_key|encryption_key", re.IGNORECASE)
+_CUSTOMER_KEY_ENV = {"s3": ("AWS_SSE_CUSTOMER_KEY_BASE64",), "gs": (),
+                     "az": ("AZURE_STORAGE_ENCRYPTION_KEY", "AZURE_ENCRYPTION_KEY")}
 _ENDPOINT_ENV = {"s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"), "gs": ("GOOGLE_BASE_URL",),
                  "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT")}
 _ALLOW_HTTP_ENV = {"s3": "AWS_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP"}
@@ -119,7 +127,7 @@ class StoreSettings:
         if endpoint is not None and ("@" in endpoint.partition("://")[2].partition("/")[0] or "?" in endpoint):
             raise ValueError("StoreSettings.endpoint must not carry credentials (user:password@ or a query)")
         for name, _ in self.options:
-            if _SECRET_NAME.search(name):
+            if looks_secret(name):
                 raise ValueError(f"StoreSettings.options must not hold secrets ({name!r}): name the environment "
                                  "variable in credentials_env, or give a credential_provider")
         if credential_provider is not None and ":" not in credential_provider:
@@ -132,6 +140,11 @@ class StoreSettings:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StoreSettings:
         return cls(**{k: (tuple(map(tuple, v)) if isinstance(v, list) else v) for k, v in data.items()})
+
+
+def looks_secret(option: str) -> bool:
+    """Whether a store option's name says its value is a secret (a key, a token, a password, a SAS)."""
+    return _SECRET_NAME.search(option) is not None
 
 
 def _pairs(value: dict[str, str] | tuple) -> tuple[tuple[str, str], ...]:
@@ -177,17 +190,50 @@ def object_identity(url: str) -> str:
     """What names the object ``url`` reads, for the shard cache's key: the URL, and after it
     the endpoint where its settings (its pipeline's or the process's) name one: one bucket
     name on two servers is two objects. An endpoint holds no secret (StoreSettings refuses
-    ``user:password@`` and queries). Any other URL: its text."""
+    ``user:password@`` and queries). Where no settings name one, the endpoint the cloud's
+    environment sets (``AWS_ENDPOINT_URL`` ..., :func:`_env_endpoint`: the one obstore
+    uses), shorn of any user, password or query. Any other URL: its text."""
     text = str.__str__(url)
     if text.partition("://")[0].lower() not in SCHEMES:
         return text
     settings = settings_for(url)
-    where = [f"at {settings.endpoint}"] if settings.endpoint is not None else []
+    endpoint = settings.endpoint or _env_endpoint(text.partition("://")[0].lower())
+    where = [f"at {endpoint}"] if endpoint else []
     # options name the account or endpoint too (Azure's account_name, an endpoint option): two
     # accounts' c/k are two objects. Options hold no secret (StoreSettings refuses those names).
     where += [f"{name}={value}" for name, value in settings.options
               if any(word in name.lower() for word in ("account", "endpoint", "bucket", "container", "project"))]
     return " ".join([text, *where])
+
+
+def customer_keyed(scheme: str, settings: StoreSettings) -> bool:
+    """Whether ``scheme``'s store sends a customer-provided encryption key with each request
+    (S3 SSE-C, Azure CPK): named in ``settings.credentials_env`` (the key is a secret:
+    :class:`StoreSettings` refuses it in ``options``) or set in the environment obstore
+    reads. Such objects are never read by a presigned URL: the key's headers cannot ride in
+    one, and S3 answers 400 (Azure 409) to a GET without them."""
+    if any(_CUSTOMER_KEY_OPTION.search(name) for name, _ in (*settings.credentials_env, *settings.options)):
+        return True
+    if any(value.lower() == "sse-c" for _, value in settings.options):  # aws_server_side_encryption
+        return True
+    return any(os.environ.get(variable) for variable in _CUSTOMER_KEY_ENV.get(scheme, ()))
+
+
+def _env_endpoint(scheme: str) -> str:
+    """The endpoint ``scheme``'s environment sets for obstore (the first of its variables, as
+    ``build_store`` reads them), without a ``user:password@`` or a query; "" where none.
+    For ``az://``, the account too (two accounts' container/key are two objects)."""
+    endpoint = next((os.environ[v] for v in _ENDPOINT_ENV[scheme] if os.environ.get(v)), "")
+    if endpoint:
+        parts = urlsplit(endpoint)
+        endpoint = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    if scheme == "az":
+        account = next((os.environ[v] for v in _ACCOUNT_ENV if os.environ.get(v)), "")
+        endpoint = " ".join(part for part in (endpoint, account and f"account={account}") if part)
+    return endpoint
+
+
+_ACCOUNT_ENV = ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT")
 
 
 # -- settings given to one pipeline in code

@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import ShardOpenError, ShardWriteError
 from ..limits import Limits, get_limits
 from .backend import SHARD_SUFFIXES, Backend
-from .cloud_settings import ObjectUrl, settings_for, stores_of, with_stores
+from .cloud_settings import ObjectUrl, customer_keyed, settings_for, stores_of, with_stores
 from .resuming import Body, Opened, ResumingStream
 from .retry import Attempts, RetryPolicy
 from .signed_get import SIGNED_FOR_S, SignedUrl, open_signed, proxied
@@ -134,8 +134,9 @@ class ObjectStream(ResumingStream):
             raise ShardOpenError(url, "the URL names a bucket or a prefix, not an object")
         self._target = _target(url, self.object, limits)
         self._signed: SignedUrl | None = None
-        self._direct = PRESIGNED_READS and (self.object.scheme in SIGNED_IN_PROCESS or forked_after_runtime()) \
-            and (os.getpid(), self._target) not in _unsigned
+        self._direct = (PRESIGNED_READS and (self.object.scheme in SIGNED_IN_PROCESS or forked_after_runtime())
+                        and (os.getpid(), self._target) not in _unsigned
+                        and not customer_keyed(self.object.scheme, self._target.settings))
         super().__init__(url, start, RetryPolicy.for_limits(self._target.limits))
 
     def _request(self, offset: int) -> Opened:
@@ -165,10 +166,10 @@ class ObjectStream(ResumingStream):
             try:
                 return open_signed(self._signed, offset, self._version, self.timeouts())
             except StoreFailure as failure:
+                if fresh and (failure.kind == DENIED or failure.status in _HEADER_MISSING):  # the agent asks
+                    return self._unsignable(failure)
                 if failure.kind != DENIED:
                     raise
-                if fresh:  # denied to a URL just signed (a header the URL cannot carry?): the agent asks
-                    return self._unsignable(failure)
             fresh = True  # a 403 to a URL signed earlier: it may have expired, so sign once more
             if not self._sign():
                 return None
@@ -204,6 +205,13 @@ class ObjectStream(ResumingStream):
 
     def __getstate__(self):
         raise TypeError(f"an open stream of {self.url} cannot be pickled (reopen it in the process that reads it)")
+
+
+# Beside a denial (401, 403: a header the signature named?), the answers to a URL just signed
+# that say a request header was missing: 400 (S3: an SSE-C object read without its key's
+# headers), 409 (Azure: the same for a CPK blob). The agent's obstore call sends the headers
+# a store's settings ask for, and its answer is the one reported.
+_HEADER_MISSING = frozenset({400, 409})
 
 
 def _refined(failure: StoreFailure, target: Target, obj: ObjectUrl) -> StoreFailure:

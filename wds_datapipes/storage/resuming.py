@@ -98,7 +98,9 @@ class ResumingStream(io.RawIOBase):
     - ``_retryable(exn) -> bool``: whether a request or body failure may be retried;
     - optionally ``_describe(exn)`` (words for a failure), ``_read_body(body, view)`` (one
       read of at most ``len(view)`` bytes, returning what one network read gave; default
-      ``body.readinto(view)``), ``_same_version(old, new)``, ``_source()`` (who served the
+      ``body.readinto(view)``), ``_same_version(old, new)``, ``_retry_after(exn)`` (the
+      seconds a failed answer's ``Retry-After`` asked for; default its ``retry_after``
+      attribute), ``_source()`` (who served the
       body, for messages), ``_read_error(reason)`` (the error type), ``_gave_up(why)``.
 
     A body may carry ``stalled_at`` (a ``time.monotonic()`` value): the time its last bytes
@@ -149,6 +151,11 @@ class ResumingStream(io.RawIOBase):
 
     def _same_version(self, old: str, new: str) -> bool:
         return old == new
+
+    def _retry_after(self, exn: BaseException) -> float | None:
+        """The seconds a failed answer asked to wait before the next try (its ``Retry-After``), or None."""
+        value = getattr(exn, "retry_after", None)
+        return value if isinstance(value, (int, float)) else None
 
     def _source(self) -> str:
         return "the body"
@@ -239,10 +246,10 @@ class ResumingStream(io.RawIOBase):
             except ShardOpenError:
                 raise
             except Exception as exn:
-                why = self._describe(exn)
+                why, asked = self._describe(exn), self._retry_after(exn)
                 if not (isinstance(exn, BodyCut) or self._retryable(exn)):
                     raise self._error(opening, why) from exn
-            if not self._attempts.failed(why):
+            if not self._attempts.failed(why, asked):
                 raise self._error(opening, self._gave_up(why))
             self.logger.warning("%s: %s; trying again from byte %d", self.url, why, self._pos)
 

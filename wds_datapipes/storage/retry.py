@@ -15,6 +15,8 @@ pickled with the pipe) and :meth:`RetryPolicy.from_env` (aisio's 60 s time budge
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import math
 import os
 import random
@@ -26,6 +28,7 @@ from ..limits import Limits, get_limits
 RETRY_BUDGET_ENV = "AISIO_RETRY_BUDGET"
 DEFAULT_BUDGET_S = 60.0
 _MIN_TIMEOUT_S = 0.05
+RETRY_AFTER_CAP_S = 30.0  # the longest a server's Retry-After is waited (within the budget left)
 
 
 @dataclass(frozen=True)
@@ -108,8 +111,10 @@ class Attempts:
         left = max(self.remaining(), _MIN_TIMEOUT_S)
         return min(self.policy.connect_timeout_s, left), min(self.policy.read_timeout_s, left)
 
-    def failed(self, why: str) -> bool:
-        """Record a failed try; sleep and return ``True`` if another try fits in the budget."""
+    def failed(self, why: str, retry_after: float | None = None) -> bool:
+        """Record a failed try; sleep and return ``True`` if another try fits in the budget.
+        ``retry_after``: the seconds the server's answer asked to wait (``Retry-After``): the
+        wait is at least that, up to :data:`RETRY_AFTER_CAP_S`, never past the budget."""
         self.tries += 1
         self.failures.append(why)
         if self.policy.max_retries is not None and self.retried >= self.policy.max_retries:
@@ -118,7 +123,10 @@ class Attempts:
         if left <= 0:
             return False
         self.retried += 1
-        time.sleep(min(self._wait * random.uniform(0.5, 1.0), left))
+        wait = self._wait * random.uniform(0.5, 1.0)
+        if retry_after is not None and retry_after > 0:
+            wait = max(wait, min(retry_after, RETRY_AFTER_CAP_S))
+        time.sleep(min(wait, left))
         self._wait = min(self._wait * 2, self.policy.max_wait_s)
         return self.remaining() > 0
 
@@ -142,3 +150,20 @@ class Attempts:
         where = f"; {self.policy.named}" if self.policy.named else ""
         return (f"{why} (gave up after {self.retried} retries in a row without progress, "
                 f"{self.tries} failed tries in {elapsed:.1f} s{where})")
+
+
+def retry_after(value: str | None) -> float | None:
+    """The seconds a ``Retry-After`` header asks to wait (a number of seconds, or an HTTP
+    date), None where it is absent or unreadable; never negative."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())

@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .resuming import Body, Opened, http_opened
+from .retry import retry_after
 from .store_calls import (
     CHANGED,
     DENIED,
@@ -186,16 +187,19 @@ def _failure(response: http.client.HTTPResponse) -> StoreFailure:
     code = code_match.group(1) if code_match else b""
     said = f"HTTP {status} {reason}" + (f" ({code.decode()})" if code else "")
     if status in (304, 412):
-        return StoreFailure(CHANGED, said)
-    if status in (401, 403):
-        return StoreFailure(DENIED, said)
-    if status == 404:
-        return StoreFailure(MISSING_BUCKET if code in _BUCKET_CODES else MISSING_OBJECT, said)
-    if status == 416:
-        return StoreFailure(PAST_END, said)
-    if status in _RETRIED:
-        return StoreFailure(TRANSIENT, said)
-    return StoreFailure(REFUSED, said)
+        kind = CHANGED
+    elif status in (401, 403):
+        kind = DENIED
+    elif status == 404:
+        kind = MISSING_BUCKET if code in _BUCKET_CODES else MISSING_OBJECT
+    elif status == 416:
+        kind = PAST_END
+    elif status in _RETRIED:
+        return StoreFailure(TRANSIENT, said, status, retry_after(response.getheader("Retry-After")))
+    else:
+        kind = REFUSED
+    return StoreFailure(kind, said, status)
+
 
 
 def _redirected(url: str, location: str) -> str:

@@ -11,7 +11,9 @@ pipe. Its object reads ask the agent only for a presigned URL (:func:`sign`) and
 bytes themselves (:mod:`.signed_get`) where the store can presign; the agent relays the
 bytes where it cannot. Whichever way, obstore's exceptions come back as :class:`StoreFailure`, classified
 by :func:`classify` (missing object, missing bucket, access denied, missing credentials,
-object changed, transient).
+object changed, transient). Every wait on the agent is bounded; an agent that ends or stops
+answering fails the call in flight (transient, naming the object) and is replaced by a
+fresh one for the next call.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import select
 import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -41,11 +45,13 @@ _NOT_FOUND = re.compile(r"status code: 404\b")
 
 
 class StoreFailure(Exception):
-    """An obstore call failed: ``kind`` (one of the constants above) and obstore's message, redacted."""
+    """An obstore call failed: ``kind`` (one of the constants above) and obstore's message, redacted;
+    where our own code saw the HTTP answer (:mod:`.signed_get`), its ``status`` and the
+    seconds its ``Retry-After`` asked for (``retry_after``), else None."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, status: int | None = None, retry_after: float | None = None):
         super().__init__(kind, message)
-        self.kind, self.message = kind, message
+        self.kind, self.message, self.status, self.retry_after = kind, message, status, retry_after
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
@@ -242,45 +248,112 @@ def calls():
 # -- the agent's client
 
 class _Agent:
-    """A subprocess making the calls for a process forked after obstore started (see the module)."""
+    """A subprocess making the calls for a process forked after obstore started (see the module).
+
+    Every wait on its answer is bounded (:func:`_wait_bound`: the call's read timeout, times
+    obstore's tries, and a slack); an agent that ends (killed, crashed) or does not answer in
+    time fails the call in flight with a transient :class:`StoreFailure` naming the object,
+    and is replaced: :func:`calls` starts a fresh one for the next call (an object stream
+    resumes at its byte through it)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._proc = subprocess.Popen([sys.executable, "-c", _AGENT_BOOT, _PACKAGE_DIR],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.pid = os.getpid()
+        self.ended: str | None = None  # why this agent takes no more calls
+        self._handles: dict[int, tuple[str, Limits]] = {}  # open read or listing -> (what, its limits)
 
-    def _call(self, *request):
+    def _call(self, what: str, bound_s: float, *request):
         with self._lock:
-            _send(self._proc.stdin, request)
-            status, value = _receive(self._proc.stdout)
+            if self.ended is not None:
+                raise StoreFailure(TRANSIENT, f"the object-store agent {self.ended}; {what} was not asked")
+            try:
+                _send(self._proc.stdin, request)
+                status, value = _receive_within(self._proc, bound_s)
+            except _AgentLost as lost:
+                self._end(str(lost))
+                raise StoreFailure(TRANSIENT, f"the object-store agent (pid {self._proc.pid}) {lost} while asked to "
+                                              f"{what}; a new agent takes the next call") from None
+            except OSError as exn:  # the pipe broke: it ended before reading the request
+                self._end(f"ended ({type(exn).__name__})")
+                raise StoreFailure(TRANSIENT, f"the object-store agent (pid {self._proc.pid}) {self.ended} before "
+                                              f"it was asked to {what}; a new agent takes the next call") from None
         if status == "error":
             raise StoreFailure(*value)
         return value
 
+    def _end(self, why: str) -> None:
+        """This agent takes no more calls: stopped (killed where it still runs) and forgotten."""
+        self.ended = why
+        self._handles.clear()
+        try:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
     def head(self, target: Target, key: str) -> dict[str, Any]:
-        return self._call("head", target, key)
+        return self._call(f"head {_named(target, key)}", _wait_bound(target.limits), "head", target, key)
 
     def get(self, target: Target, key: str, offset: int, if_match: str | None):
-        handle, meta = self._call("get", target, key, offset, if_match)
-        return meta, self._drain(handle)
+        what = f"read {_named(target, key)} from byte {offset}"
+        handle, meta = self._call(what, _wait_bound(target.limits), "get", target, key, offset, if_match)
+        self._handles[handle] = (f"read {_named(target, key)}", target.limits)
+        return meta, self._drain(handle, *self._handles[handle])
 
     def list_pages(self, target: Target, prefix: str, page_size: int, after: str | None = None):
-        handle = self._call("list", target, prefix, page_size, after)
-        return self._drain(handle)
+        what = f"list {_named(target, prefix)}"
+        handle = self._call(what, _wait_bound(target.limits), "list", target, prefix, page_size, after)
+        self._handles[handle] = (what, target.limits)
+        return self._drain(handle, what, target.limits)
 
     def put(self, target: Target, path: str, key: str) -> dict[str, Any]:
-        return self._call("put", target, path, key)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        return self._call(f"upload {_named(target, key)}", _wait_bound(target.limits, size), "put", target, path, key)
 
     def sign(self, target: Target, key: str, expires_s: float) -> str:
-        return self._call("sign", target, key, expires_s)
+        return self._call(f"sign {_named(target, key)}", _wait_bound(target.limits), "sign", target, key, expires_s)
 
-    def _drain(self, handle: int) -> Iterator:
+    def _drain(self, handle: int, what: str, limits: Limits) -> Iterator:
         try:
-            while (item := self._call("next", handle)) is not None:
+            while (item := self._call(what, _wait_bound(limits), "next", handle)) is not None:
                 yield item
         finally:
-            self._call("close", handle)
+            if self._handles.pop(handle, None) is not None and self.ended is None:
+                try:
+                    self._call(what, _wait_bound(limits), "close", handle)
+                except StoreFailure:
+                    pass  # the agent was lost meanwhile: nothing is left open
+
+
+class _AgentLost(Exception):
+    """The agent ended, or did not answer within the bound (the reason, in words)."""
+
+
+def _named(target: Target, key: str) -> str:
+    return f"{target.scheme}://{target.bucket}/{key}"
+
+
+_AGENT_SLACK_S = 60.0  # the agent's start (imports) and its own work, beyond the requests it makes
+_NO_TIMEOUT_S = 300.0  # the read timeout assumed where the limits set none (http_timeout=0)
+_SLOWEST_UPLOAD_BPS = 64 << 10  # an upload waited for at this rate at least
+
+
+def _wait_bound(limits: Limits, upload_bytes: int = 0) -> float:
+    """The longest a call on the agent may take before it counts as lost: obstore's tries
+    (1 + its 2 retries), each a connect (5 s) and a read timeout (``limits.http_timeout``),
+    its backoff, a slack for the agent's start, and an upload's bytes at a slow rate."""
+    read_s = limits.http_timeout or _NO_TIMEOUT_S
+    return _AGENT_SLACK_S + 3 * (5.0 + read_s) + upload_bytes / _SLOWEST_UPLOAD_BPS
 
 
 _the_agent: _Agent | None = None
@@ -309,7 +382,7 @@ store_agent.serve(sys.stdin.buffer, sys.stdout.buffer)
 
 def _agent() -> _Agent:
     global _the_agent
-    if _the_agent is None or _the_agent.pid != os.getpid():
+    if _the_agent is None or _the_agent.pid != os.getpid() or _the_agent.ended is not None:
         _the_agent = _Agent()
     return _the_agent
 
@@ -330,6 +403,33 @@ def _read_exactly(pipe, count: int) -> bytes:
         chunk = pipe.read(left)
         if not chunk:
             raise StoreFailure(TRANSIENT, "the object-store agent process ended")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _receive_within(proc: subprocess.Popen, bound_s: float):
+    """The agent's next answer, waited for at most ``bound_s`` seconds in all; raises
+    :class:`_AgentLost` where the agent ends first or the time runs out."""
+    deadline = time.monotonic() + bound_s
+    pipe = proc.stdout
+    head = _read_within(proc, pipe, 8, deadline, bound_s)
+    return pickle.loads(_read_within(proc, pipe, struct.unpack("<Q", head)[0], deadline, bound_s))
+
+
+def _read_within(proc: subprocess.Popen, pipe, count: int, deadline: float, bound_s: float) -> bytes:
+    parts, left = [], count
+    while left:
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not select.select([pipe], [], [], wait)[0]:
+            raise _AgentLost(f"did not answer within {bound_s:.0f} s")
+        chunk = pipe.read(left)  # a raw pipe: what is there, at most left; b"" once the agent ended
+        if not chunk:
+            try:
+                code = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise _AgentLost(f"ended (exit code {code})")
         parts.append(chunk)
         left -= len(chunk)
     return b"".join(parts)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from ..handlers import ignore_and_continue, reraise_exception
 from ..shards.listing import expand_url_spec, resolve_local
+from ..storage.store_options import add_store_arguments, store_of_arguments
 from ..topology import launcher_rank_world
 from .compress import compression_of
 from .destination import is_remote, join_any
@@ -72,6 +73,7 @@ def add_create_command(commands) -> None:
                         "(default: the temp folder)")
     create.add_argument("--uploads", type=int, default=2, help="uploads at once to a remote -o (default 2)")
     create.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_store_arguments(create)
     create.set_defaults(run=run_create)
 
 
@@ -101,14 +103,14 @@ def _layout(args: argparse.Namespace) -> str:
     return "folder"
 
 
-def _samples(args: argparse.Namespace, layout: str) -> tuple[Iterator[dict], int | None]:
+def _samples(args: argparse.Namespace, layout: str, store=None) -> tuple[Iterator[dict], int | None]:
     """The input's samples, and how many there will be where that is cheap to know (for the ETA)."""
     if layout == "parquet":
         columns = None if args.columns is None else [c for c in args.columns.split(",") if c]
         return parquet_samples(args.sources, columns=columns, key=args.key_column), parquet_rows(args.sources)
     if layout == "shards":
         select = None if args.select is None else [f.strip().lower() for f in args.select.split(",") if f.strip()]
-        return shard_samples(args.sources, keys=args.keys, where=args.where, select=select), None
+        return shard_samples(args.sources, keys=args.keys, where=args.where, select=select, store=store), None
     if len(args.sources) != 1:
         raise ValueError(f"the {layout} layout reads one SOURCE, not {len(args.sources)}")
     source = args.sources[0]
@@ -140,12 +142,13 @@ def run_create(args: argparse.Namespace) -> int:
     rank = args.rank if args.rank is not None else found[0]
     world = args.world if args.world is not None else found[1]
     index = args.index or os.path.join(os.path.dirname(args.output) or ".", "index.json")
+    store = store_of_arguments(args)  # for the sources', the shards' and the index's object-store URLs
     if args.join:
-        joined = join_any(index, world, args.spool)
+        joined = join_any(index, world, args.spool, store)
         print(f"{index}: {len(joined)} shards, {joined.total} samples", file=sys.stderr)
         return 0
     layout = _layout(args)
-    samples, total = _samples(args, layout)
+    samples, total = _samples(args, layout, store)
     if args.shuffle_seed is not None:
         buckets = max(1, -(-_input_bytes(args, layout) // args.shuffle_memory))
         samples = shuffled(samples, args.shuffle_seed, buckets,
@@ -156,7 +159,7 @@ def run_create(args: argparse.Namespace) -> int:
             workers=args.workers, handler=ignore_and_continue if args.skip_bad else reraise_exception,
             require=[n for n in args.require.split(",") if n], rank=rank, world=world, restart=args.restart,
             fsync=not args.no_fsync, progress=bar.advance, compression=args.compress,
-            max_field_bytes=args.max_field_bytes, spool=args.spool, uploads=args.uploads)
+            max_field_bytes=args.max_field_bytes, spool=args.spool, uploads=args.uploads, store=store)
     print(f"{layout} {' '.join(args.sources)} -> {args.output} (rank {rank} of {world})", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
     if report.index is not None:

@@ -16,6 +16,11 @@ The progress and the index live at the destination too, so a run survives the lo
 the machine (:class:`RemoteProgress`): one small object per shard, written after the
 shard's upload, under ``<index>.rank<r>-of-<w>.progress/``; the index (``index.json``,
 its offsets and member places) is uploaded last, side files first.
+
+Every call on the destination (uploads, the HEADs that check an object, the reads of the
+records) goes with the run's own object-store settings where ``write_shards(store=...)``
+gave them (``stores``: each URL is made a :class:`~wds_datapipes.storage.cloud_settings.StoreUrl`
+right before the call), else with the process's.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from ..epochs.index import ShardIndex, ShardScan
 from ..epochs.places import ShardPlaces
 from ..errors import ShardOpenError, ShardWriteError, WdsError
 from ..shards.openers import backend_for, open_source, url_scheme
+from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
+from ..storage.store_calls import StoreFailure, not_found
 from .progress import ProgressLog, WriterSettings, join_index, object_still_there, progress_path
 from .shard_file import ShardResult
 
@@ -104,36 +111,53 @@ def put_whole(path: str, url: str, *, tries: int = 3, wait_s: float = 0.5, limit
 
 
 def is_missing(exn: BaseException) -> bool:
-    """Whether a failed read says the object does not exist (rather than that the store failed)."""
-    if isinstance(exn, FileNotFoundError):
-        return True
-    text = str(getattr(exn, "reason", None) or exn).lower()
-    return any(words in text for words in ("does not exist", "not found", "nosuchkey", "no such file")) \
-        or _STATUS_404.search(text) is not None
+    """Whether a failed read or upload says the object or its bucket does not exist (rather
+    than that the store failed), by the status alone: a local FileNotFoundError, the kind of
+    an object store's failure (:func:`~wds_datapipes.storage.store_calls.not_found`), an HTTP
+    status (``status``, ``status_code``, ``code``) of the error or of what caused it, else a
+    status in words (``HTTP 404``, ``status code: 404``). Never a ``404`` or "not found" in
+    a bucket's, a key's or a path's name (``s3://runs-404/shards/404/x.tar``)."""
+    seen: set[int] = set()
+    error: BaseException | None = exn
+    while error is not None and id(error) not in seen:  # the error, then what caused it
+        seen.add(id(error))
+        if isinstance(error, FileNotFoundError):
+            return True
+        if isinstance(error, StoreFailure):
+            return not_found(error)
+        status = next((value for name in ("status", "status_code", "code")
+                       if isinstance(value := getattr(error, name, None), int) and 100 <= value < 600), None)
+        if status is not None:
+            return status == 404
+        error = error.__cause__ or error.__context__
+    text = str(getattr(exn, "reason", None) or exn)
+    return _STATUS_404.search(text) is not None
 
 
-_STATUS_404 = re.compile(r"(?<![\w.-])404(?![\w.-])")  # a status, not digits in a bucket's or key's name
+# A 404 as a status in words: "HTTP 404", "HTTP Error 404", "status code: 404", "404 Not Found".
+_STATUS_404 = re.compile(r"\b(?:HTTP(?:/[\d.]+)?(?: Error)?:?|status(?: code)?:?)\s*404\b|(?<![\w./-])404 Not Found\b",
+                         re.IGNORECASE)
 
 
 class RemoteFiles:
     """Small files (progress records, the index) written to and read from the destination."""
 
-    def __init__(self, spool: str, tries: int = 3):
-        self.spool, self.tries = spool, tries
+    def __init__(self, spool: str, tries: int = 3, stores: PipelineStores | None = None):
+        self.spool, self.tries, self.stores = spool, tries, stores
 
     def write(self, url: str, data: bytes) -> None:
         handle, path = tempfile.mkstemp(dir=self.spool, suffix=".rec")
         try:
             with os.fdopen(handle, "wb") as out:
                 out.write(data)
-            put_whole(path, url, tries=self.tries)
+            put_whole(path, with_stores(url, self.stores), tries=self.tries)
         finally:
             os.remove(path)
 
     def read(self, url: str) -> bytes | None:
         """The object's bytes; None where it does not exist."""
         try:
-            stream = open_source(url)
+            stream = open_source(with_stores(url, self.stores))
         except (WdsError, OSError) as exn:
             if is_missing(exn):
                 return None
@@ -165,7 +189,8 @@ class _Done(dict):
         if isinstance(shard, int) and shard not in self.asked and not dict.__contains__(self, shard):
             self.asked.add(shard)
             entry = self.progress.files.read_json(self.progress.record_url(shard))
-            if entry is not None and entry.get("run") == self.progress.run and object_still_there(entry):
+            if entry is not None and entry.get("run") == self.progress.run and \
+                    object_still_there(entry, self.progress.files.stores):
                 self[shard] = entry
         return dict.__contains__(self, shard)
 
@@ -258,13 +283,14 @@ def join_remote_index(index: str, world: int, files: RemoteFiles, known: dict[in
     return result
 
 
-def join_any(index: str, world: int, spool: str | None = None) -> ShardIndex:
-    """The index of a finished run, joined from its ranks' records (local or at the destination)."""
+def join_any(index: str, world: int, spool: str | None = None, store: StoreArg = None) -> ShardIndex:
+    """The index of a finished run, joined from its ranks' records (local or at the destination,
+    reached with ``store``'s object-store settings where given, as ``write_shards``'s)."""
     if not is_remote(index):
         return join_index(index, world)
     folder = spool_folder(spool)
     try:
-        return join_remote_index(index, world, RemoteFiles(folder))
+        return join_remote_index(index, world, RemoteFiles(folder, stores=PipelineStores.of(store)))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -276,12 +302,13 @@ def open_bytes(path: str) -> bytes:
 
 class Uploads:
     """Uploads finished spool shards to ``pattern % shard`` on ``uploads`` threads; hands
-    back each shard once its object is stored, its scan pointing at it."""
+    back each shard once its object is stored, its scan pointing at it (``stores``: the
+    run's own object-store settings, carried by each URL uploaded to)."""
 
-    def __init__(self, pattern: str, uploads: int = 2, tries: int = 3):
+    def __init__(self, pattern: str, uploads: int = 2, tries: int = 3, stores: PipelineStores | None = None):
         if uploads < 1:
             raise ValueError(f"uploads must be >= 1, not {uploads}")
-        self.pattern, self.limit, self.tries = pattern, uploads, tries
+        self.pattern, self.limit, self.tries, self.stores = pattern, uploads, tries, stores
         self.pool = ThreadPoolExecutor(uploads, thread_name_prefix="wds-upload")
         self.pending: dict[Future, tuple[int, str, str]] = {}
         self.stored: list[tuple[ShardResult, tuple[int, str, str]]] = []  # finished beside a failure
@@ -326,7 +353,7 @@ class Uploads:
 
     def _upload(self, result: ShardResult) -> ShardResult:
         local = str(result.scan.url)
-        url = self.pattern % result.shard
+        url = with_stores(self.pattern % result.shard, self.stores)
         try:
             version = put_whole(local, url, tries=self.tries)
         finally:

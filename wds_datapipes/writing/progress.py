@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from ..epochs.index import ShardIndex, ShardScan, _write_atomically
 from ..errors import ShardWriteError, WdsError
 from ..shards.openers import backend_for, url_scheme
+from ..storage.cloud_settings import PipelineStores, with_stores
 
 FORMAT = "wds_datapipes.writer_progress/1"
 
@@ -62,9 +63,11 @@ def progress_path(index: str, rank: int, world: int) -> str:
 
 class ProgressLog:
     """The progress of one rank: shards already complete, read from an earlier run's record,
-    and the appends that record this run's."""
+    and the appends that record this run's. ``stores``: the run's own object-store settings,
+    for the HEADs that check that the remote shards it records are still there."""
 
-    def __init__(self, path: str, settings: WriterSettings, restart: bool = False):
+    def __init__(self, path: str, settings: WriterSettings, restart: bool = False,
+                 stores: PipelineStores | None = None):
         self.path = path
         self.settings = settings
         self.done: dict[int, dict] = {}
@@ -89,7 +92,7 @@ class ProgressLog:
             _write_atomically(path, "".join(json.dumps(entry) + "\n" for entry in lines).encode())
         for entry in lines[1:]:
             if "shard" in entry:
-                if _still_there(entry):
+                if _still_there(entry, stores):
                     self.done[entry["shard"]] = entry
             elif "end" in entry:
                 self.ended = entry["shards"]
@@ -141,11 +144,11 @@ def _lines(path: str) -> list[dict]:
     return entries
 
 
-def _still_there(entry: dict) -> bool:
+def _still_there(entry: dict, stores: PipelineStores | None = None) -> bool:
     """Whether a recorded shard is still on disk as it was written (size and mtime)."""
     scan = entry["scan"]
     if url_scheme(scan["url"]) != "file":
-        return object_still_there(entry)
+        return object_still_there(entry, stores)
     try:
         stat = os.stat(scan["url"])
     except OSError:
@@ -154,13 +157,14 @@ def _still_there(entry: dict) -> bool:
     return stat.st_size == scan["filesize"] and places.get("mtime_ns", stat.st_mtime_ns) == stat.st_mtime_ns
 
 
-def object_still_there(entry: dict) -> bool:
+def object_still_there(entry: dict, stores: PipelineStores | None = None) -> bool:
     """Whether a recorded shard is still in its store as it was uploaded (size and version,
-    as its back end's ``stamp`` says them; size alone where the store has no version)."""
+    as its back end's ``stamp`` says them, asked with ``stores``'s settings where given; size
+    alone where the store has no version)."""
     scan = entry["scan"]
     try:
         stamp = backend_for(scan["url"]).stamp
-        now = stamp(scan["url"], None) if stamp is not None else None
+        now = stamp(with_stores(scan["url"], stores), None) if stamp is not None else None
     except (WdsError, OSError):
         return False  # gone, or not to be trusted: written again, to the same bytes
     if now is None:

@@ -15,6 +15,7 @@ skip it, recorded with its reason.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +69,14 @@ def name_problem(key: object, suffix: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _plain_fields(suffixes: tuple[str, ...]) -> bool:
+    """Whether these field names, after a plain key (:func:`_plain_key`), each read back as
+    written: some, each non-empty without a slash or newline, none twice lowercased."""
+    return bool(suffixes) and all(s and "/" not in s and "\n" not in s for s in suffixes) \
+        and len({s.lower() for s in suffixes}) == len(suffixes)
+
+
 def _plain_key(key: str) -> bool:
     """Whether ``key.<suffix>`` splits back at the dot after the key for any suffix without a
     slash or newline: a last part that is non-empty and has no dot, no newline, no ``__`` start."""
@@ -77,6 +86,8 @@ def _plain_key(key: str) -> bool:
 
 def check_fields(key: object, suffixes: list[str]) -> str | None:
     """Why a sample with ``key`` and these field names cannot be written, or None."""
+    if type(key) is str and key and _plain_key(key) and _plain_fields(tuple(suffixes)):
+        return None  # the common case, one look at the key: the loop below finds nothing for it
     if not suffixes:
         return "the sample has no fields"
     seen: set[str] = set()

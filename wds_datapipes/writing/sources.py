@@ -18,8 +18,9 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 
 from ..shards.grouping import group_members
-from ..shards.listing import expand_url_spec, resolve_local
-from ..shards.openers import open_shard
+from ..shards.listing import expand_url_spec
+from ..shards.openers import list_urls, open_shard
+from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
 from ..tar import iter_tar_members
 from .shard_file import PROBLEMS, FileBytes
 
@@ -149,16 +150,19 @@ def _jsonl(path: str) -> Iterator[tuple[str, object]]:
 
 
 def shard_samples(specs: Iterable[str], keys: str | None = None, where: Sequence[str] = (),
-                  select: Sequence[str] | None = None) -> Iterator[dict]:
+                  select: Sequence[str] | None = None, store: StoreArg = None) -> Iterator[dict]:
     """The samples of existing shards (URL specs: braces, globs, folders; several are
     concatenated in their order), in shard order, their fields as bytes. ``keys``: only keys
     matching this glob; ``where``: only samples passing each test (``name``: it has the
     field; ``name=value``: the field's text is ``value``; ``name!=value``); ``select``: only
-    these fields (a sample left without any is dropped)."""
+    these fields (a sample left without any is dropped). ``store``: object-store settings
+    for the ``s3://``, ``gs://``, ``az://`` shards (a glob or prefix of them is listed), as
+    ``ShardLister``'s."""
     tests = [_field_test(text) for text in where]
+    stores = PipelineStores.of(store)
     for spec in specs:
         for expanded in expand_url_spec(spec):
-            for url in resolve_local(expanded):
+            for url in list_urls(with_stores(expanded, stores)):
                 stream = open_shard(url)
                 try:
                     for sample in group_members(url, iter_tar_members(stream, url)):

@@ -31,6 +31,7 @@ import numpy as np
 from ..epochs.index import ShardIndex
 from ..errors import ShardWriteError
 from ..handlers import Handler, reraise_exception
+from ..storage.cloud_settings import PipelineStores, StoreArg
 from . import destination as dest
 from .compress import check_compression, compression_of
 from .plan import Counted, assign_shards, row_shard, sample_cost, writes_shard
@@ -75,7 +76,7 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
                  allow_pickle: bool = False, fsync: bool = True, restart: bool = False, join: bool | None = None,
                  progress: Callable[[int, int], None] | None = None, compression: str | None = None,
                  max_field_bytes: int | None = None, spool: str | None = None, uploads: int = 2,
-                 tries: int = 3) -> WriteReport:
+                 tries: int = 3, store: StoreArg = None) -> WriteReport:
     """Writes ``samples`` into shards named ``pattern % n`` with their index; returns a :class:`WriteReport`.
 
     Args:
@@ -117,8 +118,16 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
             (default: the system's temp folder), uploaded on one of ``uploads`` threads
             while the next shards are written, tried ``tries`` times, then removed there.
             The progress records and the index are kept at the destination.
+        store: this run's own settings for an ``s3://``, ``gs://`` or ``az://`` destination
+            (a :class:`~wds_datapipes.storage.cloud_settings.StoreSettings`, or ``{prefix:
+            StoreSettings}``), ahead of the process's ``set_store_settings``, as the readers'
+            ``store=``: the uploads, the HEADs that check an uploaded or recorded shard, and
+            the progress records and index written there go through them (the workers only
+            build shards in the spool: every call on the store is made by this process). The
+            :attr:`WriteReport.index` returned reads its shards with them too.
     """
     started = time.monotonic()
+    stores = PipelineStores.of(store)
     index = index or os.path.join(os.path.dirname(pattern) or ".", "index.json")
     compression = check_compression(compression or compression_of(pattern))
     settings = WriterSettings(pattern, maxcount, maxsize, rank, world, mtime, mode, allow_pickle,
@@ -128,18 +137,18 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
         if dest.is_remote(location):
             dest.find_put(location)  # a scheme that cannot store objects fails here, before anything is written
     folder = dest.spool_folder(spool) if remote or dest.is_remote(index) else None
-    files = dest.RemoteFiles(folder, tries) if folder is not None else None
+    files = dest.RemoteFiles(folder, tries, stores) if folder is not None else None
     try:
         if not remote:
             os.makedirs(os.path.dirname(pattern) or ".", exist_ok=True)
         if files is not None and dest.is_remote(index):
             log = dest.RemoteProgress(index, rank, world, settings, files, restart)
         else:
-            log = ProgressLog(progress_path(index, rank, world), settings, restart)
+            log = ProgressLog(progress_path(index, rank, world), settings, restart, stores)
         options = MemberOptions(mtime, mode, allow_pickle, fsync and not remote, compression)
         local = os.path.join(folder, posixpath.basename(pattern)) if remote else pattern
         report = WriteReport()
-        publish = dest.Uploads(pattern, uploads, tries) if remote else None
+        publish = dest.Uploads(pattern, uploads, tries, stores) if remote else None
         try:
             with _Shards(workers, options, handler, map, local, publish) as pool:
                 try:
@@ -157,8 +166,9 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
             if publish is not None:
                 publish.close()
         if join if join is not None else world == 1:
-            report.index = (dest.join_remote_index(index, world, files, log.done) if isinstance(log, dest.RemoteProgress)
-                            else join_index(index, world))
+            joined = (dest.join_remote_index(index, world, files, log.done) if isinstance(log, dest.RemoteProgress)
+                      else join_index(index, world))
+            report.index = joined.with_store(stores)
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
