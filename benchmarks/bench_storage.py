@@ -3,7 +3,7 @@ same objects of one AIStore cluster, in one run (``make bench-storage``).
 
     python benchmarks/bench_storage.py [--rounds 5] [--small 24] [--big 4] [--no-clients]
                                        [--no-pipelines] [--no-listing] [--s3fs-python PATH]
-                                       [--only-forked]
+                                       [--only-forked] [--only-in-process]
 
 Uses ``$AIS_ENDPOINT``, else the cluster of ``python -m aisio.cluster start``, else starts
 one for the run. Turns the cluster's S3-Reverse-Proxy feature on (``features=8192``), so
@@ -197,6 +197,9 @@ def main() -> None:
     parser.add_argument("--no-pipelines", dest="pipelines", action="store_false")
     parser.add_argument("--no-listing", dest="listing", action="store_false")
     parser.add_argument("--only-forked", action="store_true", help="only the rows of workers forked after obstore")
+    parser.add_argument("--only-in-process", action="store_true",
+                        help="only s3:// bodies in-process, obstore's GET vs presigned, against http:// "
+                             "(raw reads and ExactEpochs by places)")
     args = parser.parse_args()
     global BUCKET, TINY_BUCKET
     BUCKET, TINY_BUCKET = args.bucket, f"{args.bucket}-tiny"
@@ -215,6 +218,11 @@ def main() -> None:
                 import storage_pipelines
 
                 storage_pipelines.bench_forked(endpoint, BUCKET, sets, args.rounds)
+                return
+            if args.only_in_process:
+                import storage_in_process
+
+                storage_in_process.bench_in_process(endpoint, BUCKET, sets, args.rounds)
                 return
             if args.clients:
                 bench_clients(endpoint, sets, args.rounds, args.s3fs_python)

@@ -119,12 +119,18 @@ def signing_store(request, monkeypatch):
     return configured(server, monkeypatch)
 
 
+@pytest.mark.parametrize("where", ["forked", "in-process"])
 def test_no_presigned_signature_shows_in_errors_logs_or_pickles(signing_store, fault_proxy, monkeypatch, caplog,
-                                                                  forked):
+                                                                  request, where):
     """A read that fails for good (503 after its first answer), a missing object and an
-    object changed mid-read: the signature values the proxy saw appear in none of the
-    log text, the errors' text and their pickles, nor the stream's refusal to pickle."""
+    object changed mid-read, in a forked process (its agent signs) and in one calling obstore
+    itself (it signs): the signature values the proxy saw appear in none of the log text, the
+    errors' text and their pickles, nor the stream's refusal to pickle."""
     store = signing_store
+    if where == "forked":
+        request.getfixturevalue("forked")
+    else:
+        monkeypatch.setattr(object_store, "_unsigned", set())
     caplog.set_level(logging.DEBUG, logger="wds_datapipes")
     bucket = store.new_bucket()
     store.put(bucket, "obj.tar", _data(6, 500_000))

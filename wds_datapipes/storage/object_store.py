@@ -53,8 +53,13 @@ logger = logging.getLogger("wds_datapipes")
 
 LIST_PAGE_SIZE = 1000  # objects per listing request (S3's most)
 _GLOB_CHARS = frozenset("*?[")
-PRESIGNED_READS = True  # False: a forked process's agent relays every byte (the bench compares the two)
-_unsigned: set[tuple[int, Target]] = set()  # (process, store) that could not presign: its bytes come through the agent
+PRESIGNED_READS = True  # False: obstore's GET carries every body (a forked process's: through its agent)
+# The stores whose bodies come by presigned URL in a process that calls obstore itself too: S3 and
+# Azure sign locally (no request), and http.client reads a body at less CPU per MB than obstore's
+# stream (docs/storage.md, Speed). GCS signs through a service (signBlob) where no key is at hand,
+# and fake-gcs-server cannot sign: gs:// keeps obstore's GET in-process.
+SIGNED_IN_PROCESS = frozenset({"s3", "az"})
+_unsigned: set[tuple[int, Target]] = set()  # (process, store) that could not presign: obstore's GET reads it
 
 _CREDENTIAL_HINTS = {
     "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE through a credential_provider)",
@@ -113,11 +118,14 @@ class ObjectStream(ResumingStream):
     ``size`` and ``version`` (the ETag, else the store's version or generation) are the
     first answer's; every later request asks ``If-Match`` that ETag and compares it.
 
-    In a process forked after obstore started (see :mod:`.store_calls`), the store agent
-    only signs: each request GETs a presigned URL straight from the server
-    (:mod:`.signed_get`), signed again when half its hour is gone or on a 403; where the
-    store cannot presign (fake-gcs-server; a GCS login with no signing key) or a proxy
-    is configured, the agent relays the bytes instead.
+    Bodies come by presigned URL (:mod:`.signed_get`) for ``s3://`` and ``az://``, and for
+    every scheme in a process forked after obstore started (see :mod:`.store_calls`),
+    whose store agent then only signs: each request GETs the URL straight from the server,
+    signed (by the same store, of the same settings, as obstore's GET would use) again when
+    half its hour is gone or on a 403. Where the store cannot presign (fake-gcs-server; a
+    GCS login with no signing key; an anonymous store), a proxy is configured, or a URL
+    just signed is denied, obstore's GET carries the bytes instead (in a forked process:
+    through its agent), for that store in this process.
     """
 
     def __init__(self, url: str, start: int = 0, limits: Limits | None = None):
@@ -126,7 +134,8 @@ class ObjectStream(ResumingStream):
             raise ShardOpenError(url, "the URL names a bucket or a prefix, not an object")
         self._target = _target(url, self.object, limits)
         self._signed: SignedUrl | None = None
-        self._direct = (PRESIGNED_READS and forked_after_runtime() and (os.getpid(), self._target) not in _unsigned
+        self._direct = (PRESIGNED_READS and (self.object.scheme in SIGNED_IN_PROCESS or forked_after_runtime())
+                        and (os.getpid(), self._target) not in _unsigned
                         and not customer_keyed(self.object.scheme, self._target.settings))
         super().__init__(url, start, RetryPolicy.for_limits(self._target.limits))
 
@@ -177,11 +186,11 @@ class ObjectStream(ResumingStream):
         return True
 
     def _unsignable(self, failure: StoreFailure) -> None:
-        """From now on this process reads this store's objects through the agent (logged once)."""
+        """From now on this process reads this store's objects by obstore's GET (logged once)."""
         _unsigned.add((os.getpid(), self._target))
         self._direct, self._signed = False, None
-        logger.info("%s://%s: no presigned reads (%s); bytes come through the store agent",
-                    self.object.scheme, self.object.bucket, failure)
+        logger.info("%s://%s: no presigned reads (%s); bytes come through %s", self.object.scheme, self.object.bucket,
+                    failure, "the store agent" if forked_after_runtime() else "obstore's GET")
 
     def _retryable(self, exn: BaseException) -> bool:
         return isinstance(exn, StoreFailure) and exn.kind == TRANSIENT
