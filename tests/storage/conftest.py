@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from store_helpers import configured
 
+from wds_datapipes.storage import object_store, store_calls
+
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "wds_datapipes.backends"
 
@@ -60,3 +62,17 @@ def _declared_entry_points() -> dict[str, str]:
 def store(object_server, monkeypatch):
     """``object_server`` with its standard variables in the environment and no settings in code."""
     return configured(object_server, monkeypatch)
+
+
+@pytest.fixture
+def forked(monkeypatch):
+    """This process as one forked after obstore started: its calls go through a store agent
+    of its own (stopped after the test)."""
+    monkeypatch.setattr(store_calls, "_runtime_pid", -1)
+    monkeypatch.setattr(store_calls, "_the_agent", None)
+    monkeypatch.setattr(object_store, "_unsigned", set())
+    yield
+    agent = store_calls._the_agent
+    if agent is not None:
+        agent._proc.stdin.close()
+        agent._proc.wait(timeout=30)

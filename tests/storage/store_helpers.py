@@ -12,7 +12,7 @@ import pytest
 import webdataset as wds
 
 from wds_datapipes.errors import ShardReadError
-from wds_datapipes.shards.openers import open_shard
+from wds_datapipes.shards.openers import open_shard, open_source
 from wds_datapipes.storage import cloud_settings
 
 
@@ -73,3 +73,12 @@ def check_a_change_mid_read_is_a_read_error(store, fault_proxy, monkeypatch, lim
             open_shard(through.url(bucket, "obj.tar"), 0, limits) as stream:
         stream.read()
     assert "obj.tar" in str(caught.value)
+
+
+def read_object(url: str) -> bytes:
+    """The object's bytes, read whole through our opener (the settings in force for ``url``)."""
+    stream = open_source(url)
+    try:
+        return stream.read()
+    finally:
+        stream.close()

@@ -27,7 +27,7 @@ from store_helpers import check_a_change_mid_read_is_a_read_error, configured, s
 from wds_datapipes.errors import ShardOpenError, ShardReadError
 from wds_datapipes.limits import Limits
 from wds_datapipes.shards.openers import open_shard, source_stamp
-from wds_datapipes.storage import object_store, store_calls
+from wds_datapipes.storage import object_store
 
 pytest.importorskip("obstore")
 pytestmark = pytest.mark.timeout(300)
@@ -35,20 +35,6 @@ pytestmark = pytest.mark.timeout(300)
 FAST = Limits(http_timeout=3, http_retries=8)
 SIGNATURE = {"s3": "X-Amz-Signature", "az": "sig"}  # the query parameter holding the signature
 SIGNS = ("s3", "az")  # the emulators that accept presigned URLs (fake-gcs-server cannot sign)
-
-
-@pytest.fixture
-def forked(monkeypatch):
-    """This process as one forked after obstore started: its calls go through a store agent
-    of its own (stopped after the test)."""
-    monkeypatch.setattr(store_calls, "_runtime_pid", -1)
-    monkeypatch.setattr(store_calls, "_the_agent", None)
-    monkeypatch.setattr(object_store, "_unsigned", set())
-    yield
-    agent = store_calls._the_agent
-    if agent is not None:
-        agent._proc.stdin.close()
-        agent._proc.wait(timeout=30)
 
 
 def _data(seed: int, size: int) -> bytes:

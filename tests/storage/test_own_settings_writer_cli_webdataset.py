@@ -25,10 +25,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from store_helpers import configured, shard_bytes
+from store_helpers import configured, read_object, shard_bytes
 
 from tests.writing.conftest import make_samples
-from wds_datapipes.shards.openers import open_source
 from wds_datapipes.storage import cloud_settings
 from wds_datapipes.storage.cloud_settings import StoreSettings, StoreUrl
 from wds_datapipes.storage.store_options import store_of_arguments
@@ -42,15 +41,6 @@ SECRET = "cli-s3cr3t-never-shown-7f3a"
 
 def _settings(endpoint: str) -> StoreSettings:
     return StoreSettings(endpoint=endpoint, region="us-east-1", path_style=True)
-
-
-def _read(url: str) -> bytes:
-    """The object's bytes, from the server the environment names (the server itself)."""
-    stream = open_source(url)
-    try:
-        return stream.read()
-    finally:
-        stream.close()
 
 
 def _members(data: bytes) -> list[tuple[str, bytes]]:
@@ -103,9 +93,9 @@ def test_two_writes_to_one_bucket_name_each_reach_only_their_own_endpoint(s3, tm
         shards = sorted(local.glob("s-*.tar"))
         assert reports[who].shards == len(shards) and reports[who].written == len(samples)
         for n, path in enumerate(shards):
-            data = _read(f"s3://{bucket}/{who}/s-{n:04d}.tar")
+            data = read_object(f"s3://{bucket}/{who}/s-{n:04d}.tar")
             assert data == path.read_bytes() and _members(data) == _members(path.read_bytes())
-        assert b'"shardlist"' in (_read(f"s3://{bucket}/{who}/index.json") if index is None else Path(index).read_bytes())
+        assert b'"shardlist"' in (read_object(f"s3://{bucket}/{who}/index.json") if index is None else Path(index).read_bytes())
         log = proxies[who].log
         # its objects, and listings of the bucket (a record not found: the bucket is there?)
         assert all(e.path.startswith(f"/s3/{bucket}/{who}/") or e.path == f"/s3/{bucket}" for e in log), log
@@ -200,7 +190,7 @@ def test_each_command_reaches_the_server_its_arguments_name_and_never_prints_the
     _command("create", "--layout", "shards", str(tmp_path / "in" / "*.tar"), "-o", out, "--maxcount", "5",
              "--quiet", *own, env=env)
     assert {e.path for e in new_requests() if e.method == "PUT"} >= {f"/s3/{bucket}/c/s-{n:04d}.tar" for n in range(3)}
-    written = [m for n in range(3) for m in _members(_read(out % n))]
+    written = [m for n in range(3) for m in _members(read_object(out % n))]
     assert written == [m for n in range(2) for m in _members(sources[n])]
 
     index = str(tmp_path / "index.json")
@@ -265,7 +255,7 @@ def test_plain_webdataset_reads_and_writes_through_one_pipeline_s_settings(s3, t
         cloud_settings.set_store_settings("s3://", None)
     expected = [(s["__key__"], s["cls"], s["bin"]) for s in samples]
     assert got == expected and again == plain == [key for key, _, _ in expected]
-    read_back = [m for n in range(3) for m in _members(_read(f"s3://{bucket}/w/shard-{n:02d}.tar"))]
+    read_back = [m for n in range(3) for m in _members(read_object(f"s3://{bucket}/w/shard-{n:02d}.tar"))]
     assert read_back == [(f"{key}.{field}", value) for key, cls, data in expected
                          for field, value in (("bin", data), ("cls", cls))]
     gets = sorted(e.path for e in proxies["A"].log if e.method == "GET")

@@ -23,7 +23,7 @@ from store_helpers import configured
 from wds_datapipes.limits import Limits
 from wds_datapipes.shards.http_stream import HttpStream
 from wds_datapipes.shards.openers import open_shard
-from wds_datapipes.storage import object_store, retry, store_calls
+from wds_datapipes.storage import retry
 from wds_datapipes.storage.retry import Attempts, RetryPolicy, retry_after
 
 pytestmark = pytest.mark.timeout(240)
@@ -67,19 +67,6 @@ def test_a_retry_after_past_the_cap_is_waited_only_up_to_the_cap(file_server, fa
     base, _ = fault_proxy(file_server, _timed(first_faults("503"), times), retry_after=3600)
     assert HttpStream(f"{base}/o.tar", 0, LIMITS).read() == DATA
     assert 0.9 <= times[1] - times[0] < 10
-
-
-@pytest.fixture
-def forked(monkeypatch):
-    """This process as one forked after obstore started (its calls through a store agent)."""
-    monkeypatch.setattr(store_calls, "_runtime_pid", -1)
-    monkeypatch.setattr(store_calls, "_the_agent", None)
-    monkeypatch.setattr(object_store, "_unsigned", set())
-    yield
-    agent = store_calls._the_agent
-    if agent is not None:
-        agent._proc.stdin.close()
-        agent._proc.wait(timeout=30)
 
 
 def test_a_presigned_read_waits_the_retry_after_of_a_503(azure_server, fault_proxy, monkeypatch, forked):

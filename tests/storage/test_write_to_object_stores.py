@@ -11,12 +11,11 @@ import random
 
 import pytest
 from fault_proxy import random_faults
-from store_helpers import configured
+from store_helpers import configured, read_object
 
 from tests.writing.conftest import make_samples
 from wds_datapipes.epochs.exact_epochs import ExactEpochs
 from wds_datapipes.epochs.index import ShardIndex
-from wds_datapipes.shards.openers import open_source
 from wds_datapipes.writing import write_shards
 
 
@@ -25,14 +24,6 @@ def store(request, monkeypatch):
     """Each object-store test server, its standard variables set (tests/storage/store_helpers.py's ``configured``)."""
     server = request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}[request.param])
     return configured(server, monkeypatch)
-
-
-def _read(url: str) -> bytes:
-    stream = open_source(url)
-    try:
-        return stream.read()
-    finally:
-        stream.close()
 
 
 @pytest.mark.timeout(300)
@@ -45,7 +36,7 @@ def test_shards_written_to_an_object_store_equal_a_local_run_and_resume_from_its
     report = write_shards(samples, pattern, maxcount=8, workers=2, spool=str(tmp_path / "spool"))
     assert (report.read, report.written, report.shards) == (40, 40, 5)
     for n in range(5):
-        assert _read(pattern % n) == (tmp_path / f"local/s-{n:04d}.tar").read_bytes()
+        assert read_object(pattern % n) == (tmp_path / f"local/s-{n:04d}.tar").read_bytes()
     index = ShardIndex.load(store.url(bucket, "w/index.json"))
     assert index.has_offsets and index.url(2) == pattern % 2
     keys = [s["__key__"] for s in ExactEpochs(index, batch_size=1, shuffle=False, rank=0, world_size=1)]
@@ -78,6 +69,6 @@ def test_uploads_through_resets_and_5xx_answers_end_whole_and_equal_a_local_run(
         assert sum("partNumber=" in q or "comp=block" in q for q in proxy.queries) >= 3, proxy.queries
     configured(object_server, monkeypatch)  # read back from the store itself
     for n in range(6):
-        assert _read(object_server.url(bucket, f"w/s-{n:04d}.tar")) == (tmp_path / f"local/s-{n:04d}.tar").read_bytes()
+        assert read_object(object_server.url(bucket, f"w/s-{n:04d}.tar")) == (tmp_path / f"local/s-{n:04d}.tar").read_bytes()
     index = ShardIndex.load(object_server.url(bucket, "w/index.json"))
     assert index.has_offsets and len(index.shards) == 6
