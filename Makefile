@@ -49,7 +49,7 @@ test-main: setup
 	$(BIN)/python -m aisio.cluster install
 	$(BIN)/python tests/object_servers.py install
 	$(BIN)/ruff check wds_datapipes aisio tests examples benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # On torch 2.15 + torchdata 0.11, the tests of what can differ there: the loaders, the pipes (a
 # stand-in where torch has no DataPipes), decoding (torchvision 0.29 hands images to TorchCodec),
@@ -65,7 +65,7 @@ NEWEST_TESTS := tests/loaders tests/pipes tests/decoding tests/epochs tests/shar
 NEWEST_SKIP := --ignore=tests/epochs/test_mixture.py --ignore=tests/epochs/test_mixture_rules.py \
 	--ignore=tests/epochs/test_shard_index.py --ignore=tests/epochs/test_places_format.py
 test-newest: setup-newest
-	$(NEWEST)/bin/python -m pytest -q $(NEWEST_TESTS) $(NEWEST_SKIP)
+	$(NEWEST)/bin/python -m pytest -q --durations=15 $(NEWEST_TESTS) $(NEWEST_SKIP)
 
 test-core: setup
 	$(BIN)/python -m pytest -q tests --ignore=tests/aisio

@@ -205,20 +205,56 @@ _PART = 8 << 20  # multipart upload part size
 _runtime_pid: int | None = None  # the process whose obstore runtime has started (a fork copies this)
 
 
-def _runtime_threads() -> bool:
-    """Whether obstore's runtime runs in this process: its tokio worker threads are there."""
+def _thread_names() -> dict[int, str] | None:
+    """Each thread of this process and its kernel name (``comm``); None without /proc."""
     try:
         tasks = os.listdir("/proc/self/task")
-    except OSError:  # no /proc: only what _store noted
-        return False
+    except OSError:
+        return None
+    names = {}
     for task in tasks:
         try:
             with open(f"/proc/self/task/{task}/comm") as comm:
-                if comm.read().startswith("tokio-"):
-                    return True
-        except OSError:
+                names[int(task)] = comm.read().rstrip("\n")
+        except (OSError, ValueError):
             continue
-    return False
+    return names
+
+
+def _runtime_threads(settle_s: float = 0.1) -> bool:
+    """Whether obstore's runtime runs in this process: its tokio worker threads are there.
+
+    A worker thread names itself once it first runs: until then it has the name of the thread
+    that made it. Just after the runtime started on a busy machine, its workers can be that
+    young; so where native threads of that name that Python did not start began less than a
+    second ago, their names are looked at again for up to ``settle_s`` (other libraries'
+    threads keep theirs: a fork soon after such a thread started waits that long, once)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        names = _thread_names()
+        if names is None:  # no /proc: only what _store noted
+            return False
+        if any(name.startswith("tokio-") for name in names.values()):
+            return True
+        main = names.get(os.getpid())
+        python_threads = {t.native_id for t in threading.enumerate()}
+        young = [tid for tid, name in names.items() if name == main and tid not in python_threads
+                 and tid != os.getpid() and _age_s(tid) < 1.0]
+        if not young or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+
+
+def _age_s(tid: int) -> float:
+    """How long ago this process's thread ``tid`` started (its /proc start time); large if unknown."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as uptime:
+            now = float(uptime.read().split()[0])
+        return now - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("inf")
 
 
 def _note_runtime_before_fork() -> None:
