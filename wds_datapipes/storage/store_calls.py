@@ -298,7 +298,7 @@ class _Agent:
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.pid = os.getpid()
         self.ended: str | None = None  # why this agent takes no more calls
-        self._handles: dict[int, tuple[str, Limits]] = {}  # open read or listing -> (what, its limits)
+        self._open: set[int] = set()  # the handles of its open reads and listings
 
     def _call(self, what: str, bound_s: float, *request):
         with self._lock:
@@ -322,7 +322,7 @@ class _Agent:
     def _end(self, why: str) -> None:
         """This agent takes no more calls: stopped (killed where it still runs) and forgotten."""
         self.ended = why
-        self._handles.clear()
+        self._open.clear()
         try:
             self._proc.kill()
             self._proc.wait(timeout=5)
@@ -340,13 +340,13 @@ class _Agent:
     def get(self, target: Target, key: str, offset: int, if_match: str | None):
         what = f"read {_named(target, key)} from byte {offset}"
         handle, meta = self._call(what, _wait_bound(target.limits), "get", target, key, offset, if_match)
-        self._handles[handle] = (f"read {_named(target, key)}", target.limits)
-        return meta, self._drain(handle, *self._handles[handle])
+        self._open.add(handle)
+        return meta, self._drain(handle, f"read {_named(target, key)}", target.limits)
 
     def list_pages(self, target: Target, prefix: str, page_size: int, after: str | None = None):
         what = f"list {_named(target, prefix)}"
         handle = self._call(what, _wait_bound(target.limits), "list", target, prefix, page_size, after)
-        self._handles[handle] = (what, target.limits)
+        self._open.add(handle)
         return self._drain(handle, what, target.limits)
 
     def put(self, target: Target, path: str, key: str) -> dict[str, Any]:
@@ -364,7 +364,8 @@ class _Agent:
             while (item := self._call(what, _wait_bound(limits), "next", handle)) is not None:
                 yield item
         finally:
-            if self._handles.pop(handle, None) is not None and self.ended is None:
+            if handle in self._open and self.ended is None:
+                self._open.discard(handle)
                 try:
                     self._call(what, _wait_bound(limits), "close", handle)
                 except StoreFailure:

@@ -28,6 +28,7 @@ import re
 from .cloud_settings import StoreSettings, looks_secret
 
 SECRET_ENV_PREFIX = "WDS_STORE_OPTION_"
+_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # an option's name: shown in errors (its value never)
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,8 +60,9 @@ def store_of_arguments(args: argparse.Namespace) -> StoreSettings | None:
     for number, text in enumerate(given, 1):
         key, found, value = text.partition("=")
         key = key.strip()
-        if not found or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", key):
-            shown = f" ({key!r})" if re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", key) else ""
+        named = _KEY.fullmatch(key) is not None
+        if not found or not named:
+            shown = f" ({key!r})" if named else ""
             raise ValueError(f"--store-option number {number}{shown} is not KEY=VALUE (a KEY of letters, "
                              "digits and _; its value is not shown)")
         if key.lower() in ("endpoint", "base_url", "aws_endpoint", "aws_endpoint_url"):
