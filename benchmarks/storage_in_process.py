@@ -95,11 +95,7 @@ def bench_in_process(endpoint: str, bucket: str, sets: dict[str, list[str]], rou
             urls = _urls(endpoint, bucket, sets[label])
             _table("raw, whole objects", label, rounds, lambda reader, urls=urls: _raw(urls[reader]))
         for label in ("2-4 MB", "64 MB"):
-            indexes = {}
-            for reader, urls in _urls(endpoint, bucket, sets[label]).items():
-                path = os.path.join(work_dir, f"{len(indexes)}-{label.replace(' ', '')}.json")
-                wd.ShardIndex.from_scans(wd.build_index(urls, places=True)).save(path)
-                indexes[reader] = path
+            indexes = storage_pipelines.place_indexes(work_dir, label, _urls(endpoint, bucket, sets[label]))
             _table("ExactEpochs by places", label, rounds, lambda reader, indexes=indexes: _epoch(indexes[reader]))
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)

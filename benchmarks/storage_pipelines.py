@@ -220,6 +220,16 @@ def _ratios(table: dict[str, dict[str, float]]) -> None:
             print(f"  {label:38}   (not measured: {'s3:// back end not available' if NO_S3 else 'a row is missing'})")
 
 
+def place_indexes(work: str, label: str, urls_by_reader: dict[str, list[str]]) -> dict[str, str]:
+    """{reader: the path of an index with member places of its URLs}, saved under ``work``."""
+    indexes = {}
+    for reader, urls in urls_by_reader.items():
+        path = os.path.join(work, f"{reader.replace('/', '_')}-{label.replace(' ', '')}.json")
+        wd.ShardIndex.from_scans(wd.build_index(urls, places=True)).save(path)
+        indexes[reader] = path
+    return indexes
+
+
 def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int) -> None:
     """ExactEpochs (shuffled, one process) by an index with member places: samples/s of an
     epoch, and the time to the first batch of a state resumed at 50% of the epoch."""
@@ -230,11 +240,7 @@ def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds:
     work = tempfile.mkdtemp(prefix="bench-storage-index-")
     try:
         for label in ("2-4 MB", "64 MB"):
-            indexes = {}
-            for scheme, urls in urls_by_scheme(endpoint, bucket, sets[label]).items():
-                path = os.path.join(work, f"{scheme}-{label.replace(' ', '')}.json")
-                wd.ShardIndex.from_scans(wd.build_index(urls, places=True)).save(path)
-                indexes[scheme] = path
+            indexes = place_indexes(work, label, urls_by_scheme(endpoint, bucket, sets[label]))
             epoch_s: dict[str, list[float]] = {}
             resume_s: dict[str, list[float]] = {}
             counted: dict[str, tuple[int, int]] = {}
