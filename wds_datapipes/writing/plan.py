@@ -36,18 +36,34 @@ def assign_shards(costs: Iterable[int], maxcount: int | None = None, maxsize: in
     """Yields each sample's shard number, in order: a shard takes samples until one more
     would pass ``maxcount`` samples or ``maxsize`` bytes, its end blocks counted (a sample
     bigger than ``maxsize`` gets a shard of its own). Neither limit: one shard."""
-    if maxcount is not None and maxcount < 1:
-        raise ValueError(f"maxcount must be >= 1, not {maxcount}")
-    if maxsize is not None and maxsize < 1:
-        raise ValueError(f"maxsize must be >= 1, not {maxsize}")
-    shard, count, size = 0, 0, 2 * BLOCK  # a shard ends with two zero blocks
+    planner = ShardPlanner(maxcount, maxsize)
     for cost in costs:
-        if count and ((maxcount is not None and count >= maxcount) or
-                      (maxsize is not None and size + cost > maxsize)):
-            shard, count, size = shard + 1, 0, 2 * BLOCK
-        count += 1
-        size += cost
-        yield shard
+        yield planner.shard_of(cost)
+
+
+class ShardPlanner:
+    """:func:`assign_shards` one sample at a time: :meth:`shard_of` gives the next sample's
+    shard number from its cost (a writer planning as it reads calls it once a sample: no
+    chain of generators between the input and the plan)."""
+
+    __slots__ = ("count", "maxcount", "maxsize", "shard", "size")
+
+    def __init__(self, maxcount: int | None = None, maxsize: int | None = None):
+        if maxcount is not None and maxcount < 1:
+            raise ValueError(f"maxcount must be >= 1, not {maxcount}")
+        if maxsize is not None and maxsize < 1:
+            raise ValueError(f"maxsize must be >= 1, not {maxsize}")
+        self.maxcount, self.maxsize = maxcount, maxsize
+        self.shard, self.count, self.size = 0, 0, 2 * BLOCK  # a shard ends with two zero blocks
+
+    def shard_of(self, cost: int) -> int:
+        """The shard of the next sample, of ``cost`` tar bytes."""
+        if self.count and ((self.maxcount is not None and self.count >= self.maxcount) or
+                           (self.maxsize is not None and self.size + cost > self.maxsize)):
+            self.shard, self.count, self.size = self.shard + 1, 0, 2 * BLOCK
+        self.count += 1
+        self.size += cost
+        return self.shard
 
 
 def writes_shard(shard: int, rank: int, world: int) -> bool:
@@ -104,5 +120,5 @@ def runs(numbers: Iterable[int]) -> Iterator[tuple[int, int, int]]:
         yield current, start, at + 1
 
 
-__all__ = ["Counted", "assign_shards", "groups_to_read", "member_cost", "row_shard", "runs", "sample_cost",
-           "writes_shard"]
+__all__ = ["Counted", "ShardPlanner", "assign_shards", "groups_to_read", "member_cost", "row_shard", "runs",
+           "sample_cost", "writes_shard"]

@@ -150,10 +150,11 @@ class _Output:
         try:
             size = os.fstat(source).st_size
             header = member_header(name, size, mtime=options.mtime, mode=options.mode)
-            self.pending.append(header)
-            self.pos += len(header)
-            self.flush()  # one write: what came before, and this header
-            at = self.pos
+            pending = self.pending
+            pending.append(header)
+            _write_all(self.fd, pending[0] if len(pending) == 1 else b"".join(pending))  # one write: what
+            pending.clear()  # came before, and this header
+            self.pos = self.flushed = at = self.pos + len(header)
             left = size
             while left:
                 copied = _copy(source, self.fd, left)
@@ -162,8 +163,9 @@ class _Output:
                                              "(changed while it was copied)")
                 left -= copied
             self.pos = self.flushed = at + size
-            if size % BLOCK:
-                self.write(_ZEROS[: BLOCK - size % BLOCK])
+            if size % BLOCK:  # the padding waits for the next write (under _FLUSH_AT: no flush due)
+                pending.append(_ZEROS[size % BLOCK - BLOCK :])
+                self.pos += BLOCK - size % BLOCK
             return at, size
         finally:
             os.close(source)

@@ -14,7 +14,6 @@ taken in the same pass (:mod:`.shard_file`), and recorded in the progress log
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import multiprocessing
@@ -34,7 +33,7 @@ from ..handlers import Handler, reraise_exception
 from ..storage.cloud_settings import PipelineStores, StoreArg
 from . import destination as dest
 from .compress import check_compression, compression_of
-from .plan import Counted, assign_shards, row_shard, sample_cost, writes_shard
+from .plan import Counted, ShardPlanner, row_shard, sample_cost, writes_shard
 from .progress import ProgressLog, WriterSettings, join_index, progress_path
 from .shard_file import PROBLEMS, FileBytes, MemberOptions, ShardResult, check_fields, write_shard
 
@@ -196,25 +195,24 @@ def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[st
     shard = -1
     skips: list[tuple[int, str, str]] = []  # (shard being filled, input, why)
     by_place = settings.maxsize is None and callable(getattr(samples, "for_rank", None))
+    planner = None
     if by_place:
         inputs: Iterable = samples.for_rank(settings.rank, settings.world, settings.maxcount)  # type: ignore[attr-defined]
         checked = _checked(inputs, require, handler, skips, lambda: max(shard, 0), max_field_bytes, by_place=True)
-        planned: Iterator[tuple[object, int]] = ((item, row_shard(row, settings.maxcount))
-                                                 for row, (item, _) in enumerate(checked))
     else:
         if settings.world > 1 and callable(getattr(samples, "for_rank", None)):
             logger.warning("maxsize: each of the %d ranks reads every Parquet row group (the plan needs each "
                            "row's size, known only by reading it)", settings.world)
+        planner = ShardPlanner(settings.maxcount, settings.maxsize)
         checked = _checked(samples, require, handler, skips, lambda: max(shard, 0), max_field_bytes)
-        first, second = itertools.tee(checked)
-        planned = ((item, number) for (item, _), number in
-                   zip(first, assign_shards((cost for _, cost in second), settings.maxcount, settings.maxsize)))
-    for item, number in planned:
+    mine = False
+    for row, (item, cost) in enumerate(checked):
+        number = row_shard(row, settings.maxcount) if planner is None else planner.shard_of(cost)
         if number != shard:
             if shard >= 0:
                 _dispatch(shard, current, settings, log, pool, report, progress)
             shard, current = number, []
-        mine = writes_shard(number, settings.rank, settings.world)
+            mine = writes_shard(number, settings.rank, settings.world)
         if isinstance(item, _Skipped):  # by place: its place stays empty
             if mine:
                 report.read += 1
