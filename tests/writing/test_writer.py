@@ -20,7 +20,7 @@ from wds_datapipes.epochs.exact_epochs import ExactEpochs
 from wds_datapipes.epochs.index import ShardIndex, scan_shard
 from wds_datapipes.shards.grouping import split_key
 from wds_datapipes.writing import FileBytes, join_index, write_shards
-from wds_datapipes.writing.plan import assign_shards, sample_cost
+from wds_datapipes.writing.plan import ShardPlanner, assign_shards, sample_cost
 from wds_datapipes.writing.shard_file import check_fields, name_problem
 
 
@@ -116,7 +116,24 @@ def test_plan_assigns_by_count_and_bytes_like_a_slow_model():
             model.append(shard)
             count, size = count + 1, size + cost
         assert list(assign_shards(costs, maxcount, maxsize)) == model
+        planner = ShardPlanner(maxcount, maxsize)  # the writer's road: one sample at a time
+        assert [planner.shard_of(cost) for cost in costs] == model
     assert sample_cost("k", [("jpg", 1), ("cls", 512)]) == 512 + 512 + 512 + 512
+
+
+@pytest.mark.parametrize("limits", [{"maxcount": 0}, {"maxsize": 0}, {"maxcount": -1, "maxsize": 100}])
+def test_a_maxcount_or_maxsize_below_one_is_refused_before_any_input_is_read(tmp_path, limits):
+    """oracle: the rule that a shard holds at least one sample; an empty input is refused too."""
+    read = []
+
+    def inputs():
+        read.append(True)
+        yield from make_samples(3, seed=1)
+
+    for samples in (inputs(), iter(())):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            write_shards(samples, str(tmp_path / "s-%04d.tar"), fsync=False, restart=True, **limits)
+    assert not read and not [p for p in os.listdir(tmp_path) if p.endswith(".tar")]
 
 
 def test_two_ranks_write_disjoint_shards_that_join_into_the_one_rank_result(tmp_path):
