@@ -29,7 +29,10 @@ def member_cost(name_bytes: int, size: int) -> int:
 def sample_cost(key: str, fields: Sequence[tuple[str, int]]) -> int:
     """The tar bytes of a sample from its key and its (suffix, size) fields."""
     length = len(key.encode("utf-8", "surrogateescape")) + 1
-    return sum(member_cost(length + len(suffix.encode()), size) for suffix, size in fields)
+    total = 0
+    for suffix, size in fields:  # a loop, not sum() of a generator: once a sample, in the writer's parent
+        total += member_cost(length + len(suffix.encode()), size)
+    return total
 
 
 def assign_shards(costs: Iterable[int], maxcount: int | None = None, maxsize: int | None = None) -> Iterator[int]:
