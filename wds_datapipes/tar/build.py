@@ -102,7 +102,7 @@ def member_header(name: str, size: int, *, mtime: int = 0, mode: int = 0o444) ->
         # fields' sum plus the name's and size's (adler32's low half: 1 + the byte sum, exact below 65521)
         head, middle, base, tail = _parts(mtime, mode)
         digits = b"%011o\0" % size
-        return b"".join((encoded, bytes(100 - len(encoded)), head, digits, middle,
+        return b"".join((encoded.ljust(100, b"\0"), head, digits, middle,
                          b"%06o\0 " % (base + (zlib.adler32(digits, zlib.adler32(encoded)) & 0xFFFF) - 1), tail))
     if not name or b"\0" in encoded:
         raise ValueError(f"a member name must be non-empty without NUL bytes: {name!r}")
