@@ -195,7 +195,7 @@ def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[st
     shard = -1
     skips: list[tuple[int, str, str]] = []  # (shard being filled, input, why)
     by_place = settings.maxsize is None and callable(getattr(samples, "for_rank", None))
-    planner = None
+    planner: ShardPlanner | None = None  # None: planned by place
     if by_place:
         inputs: Iterable = samples.for_rank(settings.rank, settings.world, settings.maxcount)  # type: ignore[attr-defined]
         checked = _checked(inputs, require, handler, skips, lambda: max(shard, 0), max_field_bytes, by_place=True)
