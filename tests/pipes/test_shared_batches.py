@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing
+import pickle
 import sys
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+from torch.multiprocessing.reductions import rebuild_storage_fd
 from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.datapipes.iter import IterableWrapper
 
+import wds_datapipes  # noqa: F401  (registers .decode_batches, .batch_samples)
 from wds_datapipes.pipes import shared_batches
-from wds_datapipes.pipes.batching import new_batch
+from wds_datapipes.pipes.batching import collate, new_batch
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="leases on /dev/shm: Linux")
 
@@ -70,3 +79,89 @@ def test_when_every_buffer_is_held_batches_are_made_fresh_and_stay_intact():
 
 def test_in_the_main_process_batches_are_private_memory():
     assert not new_batch(SHAPE).is_shared() and shared_batches._buffers == []
+
+
+# ------------------------------------------------------------ small tensors travel by value
+
+
+def _jpeg(seed: int, side: int = 100) -> bytes:
+    out = io.BytesIO()
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(out, format="JPEG", quality=85)
+    return out.getvalue()
+
+
+def _photo_pipes() -> dict[str, object]:
+    """decode_batches and the generic decode().batch_samples(): batches of 4 100x100 images
+    (120 KB, over INLINE_MAX_BYTES) and their labels (4 int64)."""
+    samples = [{"__key__": f"k{i}", "__url__": "mem.tar", "jpg": _jpeg(i), "cls": str(i % 7).encode()}
+               for i in range(10)]
+    return {"decode_batches": IterableWrapper(samples).decode_batches("torchrgb8", batch_size=4).to_tuple("jpg", "cls"),
+            "generic": IterableWrapper(samples).decode("torchrgb8").to_tuple("jpg", "cls").batch_samples(4)}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["decode_batches", "generic"])
+def test_a_batch_of_images_and_labels_passes_the_main_process_one_descriptor(monkeypatch, name):
+    """Every tensor in shared memory passes its own descriptor (a connection to the worker's
+    resource sharer); the labels travel inside the message. Oracle for the values: the same
+    pipe read in this process (no worker), and torch's rebuild of a descriptor, counted."""
+    passed = []
+
+    def counted(cls, df, size):
+        passed.append(size)
+        return rebuild_storage_fd(cls, df, size)
+
+    pipe = _photo_pipes()[name]
+    expected = list(pipe)
+    loader = DataLoader(pipe, batch_size=None, num_workers=1, timeout=60,
+                        multiprocessing_context=multiprocessing.get_context("fork"))
+    batches = iter(loader)  # the worker starts (with torch's rebuild_storage_fd: it names it in what it sends)
+    monkeypatch.setattr(torch.multiprocessing.reductions, "rebuild_storage_fd", counted)
+    got = list(batches)
+    assert len(got) == len(expected) == 3
+    for (images, labels), (images0, labels0) in zip(got, expected):
+        assert images.dtype == images0.dtype == torch.uint8 and images.shape == images0.shape
+        assert torch.equal(images, images0) and images.is_shared()
+        assert labels.dtype == labels0.dtype == torch.int64 and labels.shape == labels0.shape
+        assert labels.tolist() == labels0.tolist() and labels.is_contiguous()
+    assert passed == [images.untyped_storage().nbytes() for images, _ in got]  # one descriptor a batch: the images'
+
+
+_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+           torch.bfloat16, torch.float32, torch.float64, torch.complex64]
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(_DTYPES), shape=st.lists(st.integers(1, 5), min_size=0, max_size=3),
+       seed=st.integers(0, 2**32 - 1))
+def test_a_tensor_sent_by_value_arrives_with_its_values_dtype_and_shape(dtype, shape, seed):
+    """Oracle: the values the tensor was made from (``tolist()``), its dtype and shape."""
+    values = torch.from_numpy(np.random.default_rng(seed).integers(-100, 100, shape)).to(dtype)
+    sent = values.clone()
+    shared_batches._mark_inline(sent)
+    rebuild, args = shared_batches._reduce_tensor(sent)
+    got = pickle.loads(pickle.dumps(rebuild))(*pickle.loads(pickle.dumps(args)))
+    assert got.dtype == dtype and got.shape == values.shape and got.is_contiguous()
+    assert got.tolist() == values.tolist()
+    assert got.untyped_storage().data_ptr() != sent.untyped_storage().data_ptr()
+
+
+def test_a_marked_tensor_that_no_longer_qualifies_is_sent_as_torch_sends_it(monkeypatch):
+    """Shared on purpose, or needing grad: torch's own reduction (oracle: the function it returns)."""
+    monkeypatch.setattr(shared_batches, "_torch_reduce_tensor", lambda tensor: ("torch's", tensor))
+    shared, grad = torch.zeros(4), torch.zeros(4)
+    for tensor in (shared, grad):
+        shared_batches._mark_inline(tensor)
+    shared.share_memory_()
+    grad.requires_grad_()
+    assert shared_batches._reduce_tensor(shared)[0] == "torch's" and shared_batches._reduce_tensor(grad)[0] == "torch's"
+    assert shared_batches._reduce_tensor(torch.zeros(4))[0] == "torch's"  # never marked
+
+
+def test_in_the_main_process_nothing_is_marked_and_torch_reduction_stays():
+    from multiprocessing.reduction import ForkingPickler
+
+    labels = collate([1, 2, 3])
+    assert id(labels) not in shared_batches._inline
+    assert ForkingPickler._extra_reducers[torch.Tensor] is not shared_batches._reduce_tensor

@@ -16,19 +16,30 @@ no other description of the file is open anywhere: in this worker, in the main p
 in any process the batch was passed on to. So a buffer is written again only when the lease
 is granted (it is released at once). Where leases are not available (no ``/dev/shm``, leases
 disabled), or every buffer is held, a batch is made fresh, as before.
+
+Small batch tensors (labels, per-sample numbers: up to ``INLINE_MAX_BYTES``) travel inside the
+message instead: each tensor in shared memory passes the main process a descriptor of its own,
+a connection to the worker's resource sharer (an authenticated socket handshake, and a wakeup of
+its thread in the worker) that cost more than copying a few KB. A worker marks the small tensors
+it makes (:func:`sent_inline`); the main process gets a tensor of the same values, dtype and
+shape in its own memory, and a batch of images and labels passes one descriptor.
 """
 
 from __future__ import annotations
 
 import ctypes
 import fcntl
+import multiprocessing
 import os
 import secrets
 import threading
+import weakref
 
+import numpy as np
 import torch
 
 MAX_BUFFERS = 8  # per worker process; the buffers live as long as the process
+INLINE_MAX_BYTES = 64 * 1024  # a batch tensor up to this size is sent by value, without a descriptor
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14: map every page in one call instead of a fault per page
 
 _lock = threading.Lock()
@@ -104,6 +115,74 @@ def _free_buffer(nbytes: int) -> _Buffer | None:
         raise OSError("write leases are not granted on /dev/shm")
     _buffers.append(buffer)
     return buffer
+
+
+def sent_inline(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (a small batch tensor this process made), marked to reach the process it is
+    sent to by value, inside the message, where it is sent from a child process (a loader's
+    worker); returns it. Without a mark, or once it no longer qualifies (grown, shared, needing
+    grad), torch sends it as before."""
+    if multiprocessing.parent_process() is None or not _inlinable(tensor) or not _install_reducer():
+        return tensor
+    return _mark_inline(tensor)
+
+
+def _mark_inline(tensor: torch.Tensor) -> torch.Tensor:
+    key = id(tensor)
+
+    def forget(ref: weakref.ref, key: int = key) -> None:
+        if _inline.get(key) is ref:
+            del _inline[key]
+
+    _inline[key] = weakref.ref(tensor, forget)
+    return tensor
+
+
+_inline: dict[int, weakref.ref] = {}  # id -> the marked tensor (ids, not a WeakSet: a tensor's == is elementwise)
+_torch_reduce_tensor = None
+# The dtypes whose bytes numpy copies (through a uint8 view).
+_INLINE_DTYPES = frozenset({
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+    torch.float32, torch.float64, torch.complex64, torch.complex128,
+})
+
+
+def _inlinable(tensor: torch.Tensor) -> bool:
+    return (type(tensor) is torch.Tensor and tensor.layout == torch.strided and tensor.device.type == "cpu"
+            and tensor.dtype in _INLINE_DTYPES and 0 < tensor.nbytes <= INLINE_MAX_BYTES
+            and not tensor.requires_grad and tensor.is_contiguous() and not tensor.is_conj()
+            and not tensor.is_neg() and not tensor.is_shared() and not any(getattr(tensor, "names", ())))  # named tensors: torch's way
+
+
+def _install_reducer() -> bool:
+    """Puts :func:`_reduce_tensor` before torch's reduction of tensors for multiprocessing's
+    pickler in this process (once); False where torch has none registered."""
+    global _torch_reduce_tensor
+    if _torch_reduce_tensor is None:
+        from multiprocessing.reduction import ForkingPickler
+
+        original = ForkingPickler._extra_reducers.get(torch.Tensor)
+        if original is None:
+            return False
+        _torch_reduce_tensor = original
+        ForkingPickler.register(torch.Tensor, _reduce_tensor)
+    return True
+
+
+def _reduce_tensor(tensor: torch.Tensor):
+    """A marked tensor as its bytes; any other as torch reduces it (into shared memory)."""
+    ref = _inline.get(id(tensor))
+    if ref is not None and ref() is tensor and _inlinable(tensor):
+        data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes()
+        return _rebuild_inline, (data, tensor.dtype, tuple(tensor.shape))
+    return _torch_reduce_tensor(tensor)
+
+
+def _rebuild_inline(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The receiving side of :func:`_reduce_tensor`: a new tensor holding ``data``."""
+    tensor = torch.empty(shape, dtype=dtype)
+    tensor.reshape(-1).view(torch.uint8).numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+    return tensor
 
 
 def _populate(address: int, nbytes: int) -> None:
