@@ -74,7 +74,8 @@ def stack_tensors(items: Sequence[torch.Tensor]) -> torch.Tensor:
     or other processes hold, ``torch.stack`` took 35 ms and more. Items of other strides
     (crops: views into images of different widths) are copied the same way: numpy reads
     any strides (``torch.stack`` took 8 ms a batch of 64 224x224 crops, numpy 1.5).
-    The batch is made by :func:`new_batch`: in shared memory in a loader's worker.
+    The batch is made by :func:`new_batch`: in shared memory in a loader's worker (a small one
+    in its own memory, sent by value).
     """
     first = items[0]
     order = sorted(range(first.dim()), key=lambda d: -first.stride(d))  # outermost dimension first
