@@ -6,6 +6,7 @@ import io
 import multiprocessing
 import pickle
 import sys
+from multiprocessing import resource_sharer
 
 import numpy as np
 import pytest
@@ -13,7 +14,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from torch.multiprocessing.reductions import rebuild_storage_fd
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.datapipes.iter import IterableWrapper
 
@@ -105,19 +105,21 @@ def _photo_pipes() -> dict[str, object]:
 def test_a_batch_of_images_and_labels_passes_the_main_process_one_descriptor(monkeypatch, name):
     """Every tensor in shared memory passes its own descriptor (a connection to the worker's
     resource sharer); the labels travel inside the message. Oracle for the values: the same
-    pipe read in this process (no worker), and torch's rebuild of a descriptor, counted."""
+    pipe read in this process (no worker); the descriptors counted where the main process
+    fetches each (multiprocessing's DupFd.detach)."""
     passed = []
+    detach = resource_sharer.DupFd.detach
 
-    def counted(cls, df, size):
-        passed.append(size)
-        return rebuild_storage_fd(cls, df, size)
+    def counted(handle):
+        passed.append(handle)
+        return detach(handle)
 
     pipe = _photo_pipes()[name]
     expected = list(pipe)
     loader = DataLoader(pipe, batch_size=None, num_workers=1, timeout=60,
                         multiprocessing_context=multiprocessing.get_context("fork"))
-    batches = iter(loader)  # the worker starts (with torch's rebuild_storage_fd: it names it in what it sends)
-    monkeypatch.setattr(torch.multiprocessing.reductions, "rebuild_storage_fd", counted)
+    monkeypatch.setattr(resource_sharer.DupFd, "detach", counted)
+    batches = iter(loader)
     got = list(batches)
     assert len(got) == len(expected) == 3
     for (images, labels), (images0, labels0) in zip(got, expected):
@@ -125,7 +127,7 @@ def test_a_batch_of_images_and_labels_passes_the_main_process_one_descriptor(mon
         assert torch.equal(images, images0) and images.is_shared()
         assert labels.dtype == labels0.dtype == torch.int64 and labels.shape == labels0.shape
         assert labels.tolist() == labels0.tolist() and labels.is_contiguous()
-    assert passed == [images.untyped_storage().nbytes() for images, _ in got]  # one descriptor a batch: the images'
+    assert len(passed) == len(got)  # one descriptor a batch: the images'
 
 
 _DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -165,3 +167,69 @@ def test_in_the_main_process_nothing_is_marked_and_torch_reduction_stays():
     labels = collate([1, 2, 3])
     assert id(labels) not in shared_batches._inline
     assert ForkingPickler._extra_reducers[torch.Tensor] is not shared_batches._reduce_tensor
+
+
+# ------------------------------------------------------------ a buffer mapped once in its worker
+
+
+class Mappings(IterableDataset):
+    """Batches from new_batch, each filled with its number (or a view of it: ``view``); last, the
+    count of mappings the worker made and whether a buffer in use when it forked was written again."""
+
+    def __init__(self, count: int, view: bool = False, fork_at: int | None = None):
+        self.count, self.view, self.fork_at = count, view, fork_at
+
+    def __iter__(self):
+        import os
+
+        mapped = []
+        new_shared_fd = torch.UntypedStorage._new_shared_fd_cpu
+
+        def counted(*args):
+            mapped.append(args)
+            return new_shared_fd(*args)
+
+        torch.UntypedStorage._new_shared_fd_cpu = counted
+        before_fork: list = []
+        try:
+            for i in range(self.count):
+                if i == self.fork_at:
+                    before_fork = list(shared_batches._buffers)
+                    pid = os.fork()
+                    if pid == 0:
+                        os._exit(0)
+                    os.waitpid(pid, 0)
+                batch = new_batch(SHAPE)
+                batch.fill_(i % 251)
+                yield (batch[1:] if self.view else batch), i
+        finally:
+            torch.UntypedStorage._new_shared_fd_cpu = new_shared_fd
+        yield len(mapped), any(b in shared_batches._buffers for b in before_fork)
+
+
+def _held_intact(dataset: IterableDataset, held: int):
+    loader = DataLoader(dataset, batch_size=None, num_workers=1, timeout=60,
+                        multiprocessing_context=multiprocessing.get_context("fork"))
+    kept: list = []
+    for item in loader:
+        if isinstance(item[0], torch.Tensor):
+            kept = [*kept, item][-held:]
+            for b, n in kept:  # oracle: each batch still holds the number it was filled with
+                assert int(b.min()) == int(b.max()) == int(n) % 251, f"batch {int(n)} was written over while held"
+        else:
+            return item
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("view", [False, True])
+def test_a_worker_maps_each_buffer_once_and_what_it_sends_of_one_is_never_written_while_held(view):
+    """A view of a batch goes out as the batch does: through a new description of the file."""
+    mapped, _ = _held_intact(Mappings(60, view=view), held=4)
+    assert mapped <= shared_batches.MAX_BUFFERS  # 60 batches; before, a new mapping each
+
+
+@pytest.mark.timeout(120)
+def test_buffers_in_use_when_a_worker_forks_are_not_written_again():
+    """A child forked from a worker maps its buffers as the worker does, which no lease sees."""
+    _, reused = _held_intact(Mappings(30, fork_at=10), held=2)
+    assert not reused

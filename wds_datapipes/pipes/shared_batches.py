@@ -8,13 +8,19 @@ worker keeps a few buffers (files in /dev/shm, unlinked at once) and writes a ba
 that no other process holds any more.
 
 How a buffer is known to be free: the worker keeps one open file description of each buffer
-(``own``) and hands torch a second one, opened anew for every batch; torch maps that one and
-sends it (its descriptor passes to the main process, which maps it while it holds the batch).
-A process that maps a file holds its description open until it unmaps it, whatever it did
-with the descriptor. The kernel grants a write lease (``F_SETLEASE``) on ``own`` only while
-no other description of the file is open anywhere: in this worker, in the main process, or
-in any process the batch was passed on to. So a buffer is written again only when the lease
-is granted (it is released at once). Where leases are not available (no ``/dev/shm``, leases
+(``own``), and maps the buffer once, through ``own`` itself (a dup of a descriptor is the same
+description); its batches are views of that mapping. Whenever a tensor or storage of a buffer
+is sent (every one passes :func:`_reduce_storage`, put before torch's reduction for
+multiprocessing's pickler in this process), a second description is opened for that send and
+its descriptor passes to the receiver, which maps it while it holds the batch. A process that
+maps a file holds its description open until it unmaps it, whatever it did with the
+descriptor. The kernel grants a write lease (``F_SETLEASE``) on ``own`` only while no other
+description of the file is open anywhere: in the main process, or in any process the batch
+was passed on to. So a buffer is written again only when no tensor of this worker views it
+(its storage's use count) and the lease is granted (it is released at once). A child forked
+from the worker maps the buffers through ``own`` too, unseen: at a fork every buffer retires
+(never written again). Mapping each buffer once saves the kernel's populating and unmapping of
+9.6 MB a batch (~3 ms here). Where leases are not available (no ``/dev/shm``, leases
 disabled), or every buffer is held, a batch is made fresh, as before.
 
 Small batch tensors (labels, per-sample numbers: up to ``INLINE_MAX_BYTES``) travel inside the
@@ -30,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import multiprocessing
+import multiprocessing.reduction
 import os
 import secrets
 import threading
@@ -60,9 +67,14 @@ class _Buffer:
             os.close(self.fd)
             raise
         self.nbytes = nbytes
+        self.kept: torch.UntypedStorage | None = None  # this worker's lasting mapping, through ``fd`` itself
+        self.retired = False  # a child was forked while it was mapped: never written again
 
     def free(self) -> bool:
-        """True where no other open description of the file exists (a write lease is granted)."""
+        """True where no tensor of this process views it and no other open description of the file
+        exists (a write lease is granted)."""
+        if self.retired or (self.kept is not None and torch._C._storage_Use_Count(self.kept._cdata) > 1):
+            return False
         try:
             fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
         except BlockingIOError:  # EAGAIN: another description is open somewhere
@@ -71,16 +83,19 @@ class _Buffer:
         return True
 
     def storage(self) -> torch.UntypedStorage:
-        """A new torch storage of the buffer through a description of its own (the one torch sends)."""
-        fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDWR | os.O_CLOEXEC)
-        try:
-            storage = torch.UntypedStorage._new_shared_fd_cpu(fd, self.nbytes)  # torch dups fd and maps it
-        finally:
-            os.close(fd)
-        _populate(storage.data_ptr(), self.nbytes)
-        return storage
+        """The buffer's storage in this process, mapped once (through ``fd``: a dup of it is the
+        same description, which no lease sees); :func:`_reduce_storage` sends it through a new
+        description each time."""
+        if self.kept is None:
+            self.kept = torch.UntypedStorage._new_shared_fd_cpu(self.fd, self.nbytes)  # torch dups fd and maps it
+            _populate(self.kept.data_ptr(), self.nbytes)
+            _kept[self.kept._cdata] = self
+        return self.kept
 
     def close(self) -> None:
+        if self.kept is not None:
+            _kept.pop(self.kept._cdata, None)
+            self.kept = None  # tensors still viewing it keep the mapping; it is never written again
         os.close(self.fd)
 
 
@@ -88,8 +103,8 @@ def reused_storage(nbytes: int) -> torch.UntypedStorage | None:
     """A shared-memory storage of ``nbytes`` in a buffer no other process holds, or None (make
     one fresh) where every buffer is held or reuse is not available here."""
     global _disabled
-    if _disabled or not hasattr(torch.UntypedStorage, "_new_shared_fd_cpu"):
-        return None
+    if _disabled or not hasattr(torch.UntypedStorage, "_new_shared_fd_cpu") or not _install_reducer():
+        return None  # without the reducer, torch would send the worker's own description
     with _lock:
         try:
             buffer = _free_buffer(nbytes)
@@ -100,6 +115,9 @@ def reused_storage(nbytes: int) -> torch.UntypedStorage | None:
 
 
 def _free_buffer(nbytes: int) -> _Buffer | None:
+    for buffer in [b for b in _buffers if b.retired]:
+        _buffers.remove(buffer)
+        buffer.close()
     for buffer in _buffers:
         if buffer.nbytes == nbytes and buffer.free():
             return buffer
@@ -140,6 +158,8 @@ def _mark_inline(tensor: torch.Tensor) -> torch.Tensor:
 
 _inline: dict[int, weakref.ref] = {}  # id -> the marked tensor (ids, not a WeakSet: a tensor's == is elementwise)
 _torch_reduce_tensor = None
+_torch_reduce_storage = None
+_kept: dict[int, _Buffer] = {}  # a buffer's lasting storage (its StorageImpl's address) -> the buffer
 # The dtypes whose bytes numpy copies (through a uint8 view).
 _INLINE_DTYPES = frozenset({
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
@@ -157,16 +177,42 @@ def _inlinable(tensor: torch.Tensor) -> bool:
 def _install_reducer() -> bool:
     """Puts :func:`_reduce_tensor` before torch's reduction of tensors for multiprocessing's
     pickler in this process (once); False where torch has none registered."""
-    global _torch_reduce_tensor
+    global _torch_reduce_tensor, _torch_reduce_storage
     if _torch_reduce_tensor is None:
         from multiprocessing.reduction import ForkingPickler
 
-        original = ForkingPickler._extra_reducers.get(torch.Tensor)
-        if original is None:
+        tensors = ForkingPickler._extra_reducers.get(torch.Tensor)
+        storages = ForkingPickler._extra_reducers.get(torch.UntypedStorage)
+        if tensors is None or storages is None:
             return False
-        _torch_reduce_tensor = original
+        _torch_reduce_tensor, _torch_reduce_storage = tensors, storages
         ForkingPickler.register(torch.Tensor, _reduce_tensor)
+        ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
     return True
+
+
+def _reduce_storage(storage: torch.UntypedStorage):
+    """A buffer's storage through a new description of the file, opened for this send (every
+    tensor and storage sent passes here: torch reduces a tensor to its storage); any other as
+    torch sends it."""
+    buffer = _kept.get(storage._cdata)
+    if buffer is None:
+        return _torch_reduce_storage(storage)
+    fd = os.open(f"/proc/self/fd/{buffer.fd}", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        handle = multiprocessing.reduction.DupFd(fd)  # a dup, held until the receiver has it
+    finally:
+        os.close(fd)
+    return _rebuild_storage, (handle, buffer.nbytes)
+
+
+def _rebuild_storage(handle, nbytes: int) -> torch.UntypedStorage:
+    """The receiving side of :func:`_reduce_storage`: the buffer mapped through that description."""
+    fd = handle.detach()
+    try:
+        return torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)
+    finally:
+        os.close(fd)
 
 
 def _reduce_tensor(tensor: torch.Tensor):
@@ -205,6 +251,14 @@ def _forget_buffers() -> None:
         except OSError:
             pass
     _buffers.clear()
+    _kept.clear()
+
+
+def _retire_buffers() -> None:
+    """Before a fork: the child maps every buffer as this process does, unseen by leases; none
+    is written again (each is closed at the next batch; tensors viewing one keep it)."""
+    for buffer in _buffers:
+        buffer.retired = True
 
 
 def _libc_madvise():
@@ -220,4 +274,4 @@ def _libc_madvise():
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _madvise = _libc_madvise()
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_buffers)
+    os.register_at_fork(before=_retire_buffers, after_in_child=_forget_buffers)
