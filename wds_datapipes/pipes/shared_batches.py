@@ -73,7 +73,7 @@ class _Buffer:
     def free(self) -> bool:
         """True where no tensor of this process views it and no other open description of the file
         exists (a write lease is granted)."""
-        if self.retired or (self.kept is not None and torch._C._storage_Use_Count(self.kept._cdata) > 1):
+        if self.retired or self.viewed():
             return False
         try:
             fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
@@ -81,6 +81,10 @@ class _Buffer:
             return False
         fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
         return True
+
+    def viewed(self) -> bool:
+        """True while a tensor of this process views the buffer (one being sent included)."""
+        return self.kept is not None and torch._C._storage_Use_Count(self.kept._cdata) > 1
 
     def storage(self) -> torch.UntypedStorage:
         """The buffer's storage in this process, mapped once (through ``fd``: a dup of it is the
@@ -115,7 +119,7 @@ def reused_storage(nbytes: int) -> torch.UntypedStorage | None:
 
 
 def _free_buffer(nbytes: int) -> _Buffer | None:
-    for buffer in [b for b in _buffers if b.retired]:
+    for buffer in [b for b in _buffers if b.retired and not b.viewed()]:
         _buffers.remove(buffer)
         buffer.close()
     for buffer in _buffers:
@@ -195,10 +199,11 @@ def _reduce_storage(storage: torch.UntypedStorage):
     """A buffer's storage through a new description of the file, opened for this send (every
     tensor and storage sent passes here: torch reduces a tensor to its storage); any other as
     torch sends it."""
-    buffer = _kept.get(storage._cdata)
+    with _lock:  # a buffer is not closed meanwhile (its descriptor's number taken by another file)
+        buffer = _kept.get(storage._cdata)
+        fd = None if buffer is None else os.open(f"/proc/self/fd/{buffer.fd}", os.O_RDWR | os.O_CLOEXEC)
     if buffer is None:
         return _torch_reduce_storage(storage)
-    fd = os.open(f"/proc/self/fd/{buffer.fd}", os.O_RDWR | os.O_CLOEXEC)
     try:
         handle = multiprocessing.reduction.DupFd(fd)  # a dup, held until the receiver has it
     finally:
