@@ -204,7 +204,7 @@ class Mappings(IterableDataset):
                 yield (batch[1:] if self.view else batch), i
         finally:
             torch.UntypedStorage._new_shared_fd_cpu = new_shared_fd
-        yield len(mapped), any(b in shared_batches._buffers for b in before_fork)
+        yield len(mapped), len(shared_batches._buffers), any(b in shared_batches._buffers for b in before_fork)
 
 
 def _held_intact(dataset: IterableDataset, held: int):
@@ -224,12 +224,12 @@ def _held_intact(dataset: IterableDataset, held: int):
 @pytest.mark.parametrize("view", [False, True])
 def test_a_worker_maps_each_buffer_once_and_what_it_sends_of_one_is_never_written_while_held(view):
     """A view of a batch goes out as the batch does: through a new description of the file."""
-    mapped, _ = _held_intact(Mappings(60, view=view), held=4)
-    assert mapped <= shared_batches.MAX_BUFFERS  # 60 batches; before, a new mapping each
+    mapped, buffers, _ = _held_intact(Mappings(60, view=view), held=2)
+    assert mapped == buffers < shared_batches.MAX_BUFFERS  # 60 batches, reused; before, a new mapping each
 
 
 @pytest.mark.timeout(120)
 def test_buffers_in_use_when_a_worker_forks_are_not_written_again():
     """A child forked from a worker maps its buffers as the worker does, which no lease sees."""
-    _, reused = _held_intact(Mappings(30, fork_at=10), held=2)
+    _, _, reused = _held_intact(Mappings(30, fork_at=10), held=2)
     assert not reused
