@@ -201,27 +201,30 @@ def test_crops_of_images_of_different_widths_stack_in_their_layout_through_numpy
     assert out.is_contiguous(memory_format=torch.channels_last)
 
 
-def _collate_in_a_child(queue) -> None:
-    batch = collate(_crops([7, 9, 12]))
+def _collate_in_a_child(queue, copies: int) -> None:
+    batch = collate(_crops([7, 9, 12]) * copies)
     queue.put((batch.is_shared(), np.ascontiguousarray(batch.numpy())))  # by value: the child may exit
 
 
-def test_a_batch_collated_in_a_child_process_is_made_in_shared_memory():
+@pytest.mark.parametrize("copies, shared", [(700, True), (1, False)])
+def test_a_batch_collated_in_a_child_process_is_made_in_shared_memory_unless_small(copies, shared):
     """A loader's worker sends a batch in shared memory as it is; else torch copies it into new
-    shared memory at the send (torch's default_collate allocates it there the same way)."""
+    shared memory at the send (torch's default_collate allocates it there the same way). A batch
+    of up to INLINE_MAX_BYTES (here 3 crops, 144 bytes; 2,100 are 100 KB) is private memory, sent
+    by value (pipes/shared_batches.py). Oracle: torch.stack."""
     import multiprocessing
 
     assert not collate(_crops([7, 9, 12])).is_shared()
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    child = context.Process(target=_collate_in_a_child, args=(queue,))
+    child = context.Process(target=_collate_in_a_child, args=(queue, copies))
     child.start()
     try:
-        shared, batch = queue.get(timeout=60)
+        is_shared, batch = queue.get(timeout=60)
     finally:
         child.join(timeout=60)
-    assert shared
-    assert torch.equal(torch.from_numpy(batch), torch.stack(_crops([7, 9, 12])))
+    assert is_shared == shared
+    assert torch.equal(torch.from_numpy(batch), torch.stack(_crops([7, 9, 12]) * copies))
 
 
 def test_batch_samples_under_a_dataloader_gives_the_batches_of_one_process():

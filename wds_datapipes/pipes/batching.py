@@ -14,7 +14,7 @@ import torch
 from ..pipe_base import Pipe
 from ..threads import check_positive
 from ..torch_datapipes import IterDataPipe, functional_datapipe
-from .shared_batches import reused_storage
+from .shared_batches import INLINE_MAX_BYTES, reused_storage, sent_inline
 
 
 def chunks(items: Iterable[Any], size: int, partial: bool = True) -> Iterator[list]:
@@ -50,7 +50,7 @@ def collate(items: Sequence[Any]) -> Any:
         if all(isinstance(x, (bool, np.bool_, int, float, np.integer, np.floating)) for x in items):
             # Through numpy, so dtypes follow default_collate: int64, float64, bool, and
             # numpy scalars keep theirs.
-            return torch.from_numpy(np.asarray(items))
+            return sent_inline(torch.from_numpy(np.asarray(items)))
         return list(items)
     if isinstance(first, dict):
         if all(isinstance(x, dict) and x.keys() == first.keys() for x in items):
@@ -74,7 +74,8 @@ def stack_tensors(items: Sequence[torch.Tensor]) -> torch.Tensor:
     or other processes hold, ``torch.stack`` took 35 ms and more. Items of other strides
     (crops: views into images of different widths) are copied the same way: numpy reads
     any strides (``torch.stack`` took 8 ms a batch of 64 224x224 crops, numpy 1.5).
-    The batch is made by :func:`new_batch`: in shared memory in a loader's worker.
+    The batch is made by :func:`new_batch`: in shared memory in a loader's worker (a small one
+    in its own memory, sent by value).
     """
     first = items[0]
     order = sorted(range(first.dim()), key=lambda d: -first.stride(d))  # outermost dimension first
@@ -101,10 +102,13 @@ def new_batch(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch
     worker), which sends it to the main process as it is (torch would otherwise copy it
     into new shared memory at the send: ~4 ms of a batch of 64 224x224 crops here, as
     torch's own ``default_collate`` avoids the same way). In a worker the memory of a batch the
-    main process has let go is written again (:mod:`.shared_batches`: no new pages a batch)."""
+    main process has let go is written again (:mod:`.shared_batches`: no new pages a batch);
+    a small one (labels) is private memory sent by value (no descriptor to pass)."""
     size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     if multiprocessing.parent_process() is None or size == 0:
         return torch.empty(shape, dtype=dtype)
+    if size <= INLINE_MAX_BYTES:
+        return sent_inline(torch.empty(shape, dtype=dtype))
     storage = reused_storage(size)
     if storage is None:
         storage = torch.UntypedStorage._new_shared(size)
