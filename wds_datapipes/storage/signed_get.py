@@ -238,7 +238,7 @@ def _transient(exn: BaseException, url: str) -> StoreFailure:
 # with each read (a reader that wants a few members of a span waits for little). On the 64 MB
 # shards of `make bench-storage`, the tar walk over one body took 0.95 ms of CPU per MB at one
 # recv() per ~100 KB and 0.59 ms at one per MiB: each wakeup of the reader costs, besides the
-# copy. 0 turns it off (bench_storage.py --only-low-water compares).
+# copy. 0 turns it off (bench_storage.py --only-bulk-reads compares).
 RECEIVE_LOW_WATER = 1 << 20
 _FIRST_LOW_WATER = 64 << 10
 # The longest a read waits for the mark: then it takes what came, and that body is read as
