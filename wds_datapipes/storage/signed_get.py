@@ -294,7 +294,10 @@ class _Body(Body):
     def _bulk_read(self, view: memoryview) -> int:
         """One read that waits for ``min(len(view), mark)`` bytes, at most LOW_WATER_WAIT_S; after
         that (a slow body) it takes what came, or waits the rest of the read timeout for a byte."""
-        mark, self._mark = min(len(view), self._mark), min(2 * self._mark, RECEIVE_LOW_WATER)
+        # Half of what the body has left at most: the reader works on one half while the other comes,
+        # so a body's last bytes are not all waited for before any of them is parsed.
+        mark = min(len(view), self._mark, max(self._left // 2, _FIRST_LOW_WATER))
+        self._mark = min(2 * self._mark, RECEIVE_LOW_WATER)
         wait = LOW_WATER_WAIT_S if self._read_s is None else min(self._read_s, LOW_WATER_WAIT_S)
         try:
             self._set_mark(mark)
