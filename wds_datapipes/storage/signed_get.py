@@ -263,8 +263,8 @@ class _Body(Body):
         self._read_s = sock.gettimeout() if sock is not None else None  # as _get set it
         bulk = RECEIVE_LOW_WATER > 1 and self._left and _SO_RCVLOWAT and not isinstance(sock, (ssl.SSLSocket, NoneType))
         self._mark = _FIRST_LOW_WATER if bulk else 0
-        # Whether http.client's buffer is empty (the last read went to the socket): only then may a
-        # read that timed out waiting for the mark be tried again, having taken nothing.
+        # Whether http.client's buffer is empty (the last read went to the socket): only then does the
+        # socket hold every byte not yet read, so that poll() waiting for the mark sees them all.
         self._direct = False
 
     def readinto(self, view: memoryview) -> int:
