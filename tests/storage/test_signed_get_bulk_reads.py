@@ -1,6 +1,7 @@
-"""Bulk reads of a presigned body (``signed_get._Body``): each read waits, by the socket's
-receive low-water mark, for a bulk of bytes (up to ``RECEIVE_LOW_WATER``, never past the
-body's end) instead of taking whatever one recv() finds; a slow body is still read whole, a
+"""Bulk reads of a presigned body (``signed_get._Body``): each read of a body of
+``BULK_BODY_BYTES`` or more waits, by the socket's receive low-water mark, for a bulk of
+bytes (up to ``RECEIVE_LOW_WATER``, never past the body's end) instead of taking whatever
+one recv() finds; a slow body is still read whole, a
 stalled one still ends after the read timeout, and a kept connection reads its next answer
 at once.
 
@@ -81,7 +82,8 @@ class PacedServer(socketserver.ThreadingTCPServer):
 
 
 @pytest.fixture
-def server():
+def server(monkeypatch):
+    monkeypatch.setattr(signed_get, "BULK_BODY_BYTES", 1)  # every body with a length: small ones keep the tests short
     server = PacedServer()
     yield server
     server.done.set()
@@ -117,6 +119,21 @@ def test_a_large_presigned_body_is_read_in_bulk_not_a_recv_at_a_time(server):
     assert got == data
     assert len(counts) <= 24, counts  # one recv() a piece would be ~256 reads
     assert sum(counts[6:]) / len(counts[6:]) >= 512 << 10
+
+
+def test_a_body_under_the_bulk_size_is_read_a_recv_at_a_time(server, monkeypatch):
+    """Below BULK_BODY_BYTES (2-4 MB shards read slower in bulk) each read takes what landed."""
+    monkeypatch.setattr(signed_get, "BULK_BODY_BYTES", 16 << 20)
+    data = random.Random(5).randbytes(4 << 20)
+    server.bodies["small"] = data
+    server.piece, server.pause = 32 << 10, 0.001
+    opened = open_signed(server.url("small"), 0, None, (5.0, 10.0))
+    try:
+        got, counts = _read_all(opened.body)
+    finally:
+        opened.body.close()
+    assert got == data
+    assert len(counts) > 48  # about a read a piece (128 pieces)
 
 
 def test_a_body_slower_than_the_mark_is_read_whole_without_a_stall(server, monkeypatch):
