@@ -3,7 +3,7 @@ same objects of one AIStore cluster, in one run (``make bench-storage``).
 
     python benchmarks/bench_storage.py [--rounds 5] [--small 24] [--big 4] [--no-clients]
                                        [--no-pipelines] [--no-listing] [--s3fs-python PATH]
-                                       [--only-forked] [--only-in-process]
+                                       [--only-forked] [--only-in-process] [--only-bulk-reads]
 
 Uses ``$AIS_ENDPOINT``, else the cluster of ``python -m aisio.cluster start``, else starts
 one for the run. Turns the cluster's S3-Reverse-Proxy feature on (``features=8192``), so
@@ -200,6 +200,8 @@ def main() -> None:
     parser.add_argument("--only-in-process", action="store_true",
                         help="only s3:// bodies in-process, obstore's GET vs presigned, against http:// "
                              "(raw reads and ExactEpochs by places)")
+    parser.add_argument("--only-bulk-reads", action="store_true",
+                        help="only s3:// bodies read in bulk against a recv() at a time, http:// and pipe:curl")
     args = parser.parse_args()
     global BUCKET, TINY_BUCKET
     BUCKET, TINY_BUCKET = args.bucket, f"{args.bucket}-tiny"
@@ -218,6 +220,11 @@ def main() -> None:
                 import storage_pipelines
 
                 storage_pipelines.bench_forked(endpoint, BUCKET, sets, args.rounds)
+                return
+            if args.only_bulk_reads:
+                import storage_pipelines
+
+                storage_pipelines.bench_bulk_reads(endpoint, BUCKET, sets, args.rounds)
                 return
             if args.only_in_process:
                 import storage_in_process

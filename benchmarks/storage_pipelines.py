@@ -165,6 +165,53 @@ def forked_after_obstore(endpoint: str, bucket: str, sets: dict[str, list[str]],
         print(f"| {r.name} | {_median_rate(r):,.0f} | {_median_rate(r) / base:.2f} | {cpu[r.name] / mb:.2f} |")
 
 
+def bench_bulk_reads(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int) -> None:
+    """``--only-bulk-reads``: s3:// with presigned bodies read in bulk (each read waiting for up to
+    ``signed_get.RECEIVE_LOW_WATER`` bytes) and one recv() at a time, against http:// and
+    webdataset's ``pipe:curl``, on both shard sizes: MB/s of the median round, the paired
+    ratio of each round, and CPU ms per MB of the workers, the main process and the cluster."""
+    from aisio.cluster import LocalCluster
+    from wds_datapipes.storage import signed_get
+
+    global NO_S3
+    s3_environment(endpoint)
+    NO_S3 = s3_missing()
+    if NO_S3:
+        print(f"\nbulk reads: not measured: s3:// {NO_S3}")
+        return
+    cluster = LocalCluster.running()
+    nodes = [n.pid for n in cluster.nodes] if cluster is not None and cluster.endpoint == endpoint else []
+    bulk = signed_get.RECEIVE_LOW_WATER
+    print(f"\ns3:// bodies read in bulk or one recv() at a time, 2 workers (median of {rounds} rounds, alternating)")
+    for label in ("2-4 MB", "64 MB"):
+        urls = urls_by_scheme(endpoint, bucket, sets[label])
+        rows = []
+        for name, scheme, low_water in (("s3://, bulk", "s3", bulk), ("s3://, a recv() at a time", "s3", 0),
+                                        ("http://", "http", bulk)):
+            signed_get.RECEIVE_LOW_WATER = low_water  # the workers forked now keep it
+            rows.append(Row(name, Loader("datapipes", lambda u=urls[scheme]: wd.ShardLister(u).load_tar().group_by_key())))
+            _start(rows[-1])
+        signed_get.RECEIVE_LOW_WATER = bulk
+        curl = [f"pipe:curl -s -f {u}" for u in urls["http"]]
+        rows.append(Row("webdataset, pipe:curl", Loader("webdataset", lambda curl=curl: wds.WebDataset(
+            curl, shardshuffle=False, empty_check=False))))
+        _start(rows[-1])
+        try:
+            for _, r in alternating(rounds, rows):
+                r.measure(1, nodes)
+        finally:
+            for r in rows:
+                r.loader.stop()
+        mb = rows[0].nbytes / 1e6
+        print(f"\n{label} shards\n\n| reader | MB/s | vs s3://, bulk (paired) | CPU ms/MB: workers | main | cluster |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for r in rows:
+            paired = statistics.median(a / b for a, b in zip(rows[0].seconds, r.seconds))
+            cpu = {k: v / mb / len(r.seconds) for k, v in r.cpu_ms.items()}
+            print(f"| {r.name} | {_median_rate(r):,.0f} | {paired:.2f} | {cpu['workers']:.2f} | {cpu['main']:.2f} "
+                  f"| {cpu['cluster']:.2f} |")
+
+
 def _start(row: Row) -> None:
     row.loader.start()
     row.loader.epoch()
