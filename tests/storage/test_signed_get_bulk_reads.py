@@ -104,6 +104,15 @@ def _read_all(body, sizes=(1 << 20,)) -> tuple[bytes, list[int]]:
         counts.append(n)
 
 
+def _read_object(server, name: str, read_s: float = 10.0, sizes=(1 << 20,)) -> tuple[bytes, list[int]]:
+    """The object ``name`` opened by its signed URL and read whole (see :func:`_read_all`)."""
+    opened = open_signed(server.url(name), 0, None, (5.0, read_s))
+    try:
+        return _read_all(opened.body, sizes)
+    finally:
+        opened.body.close()
+
+
 @pytest.mark.skipif(not hasattr(socket, "SO_RCVLOWAT"), reason="no SO_RCVLOWAT on this system")
 def test_a_large_presigned_body_is_read_in_bulk_not_a_recv_at_a_time(server):
     """8 MiB written in 32 KiB pieces 1 ms apart: each read waits for up to 1 MiB (the mark
@@ -111,11 +120,7 @@ def test_a_large_presigned_body_is_read_in_bulk_not_a_recv_at_a_time(server):
     data = random.Random(1).randbytes(8 << 20)
     server.bodies["big"] = data
     server.piece, server.pause = 32 << 10, 0.001
-    opened = open_signed(server.url("big"), 0, None, (5.0, 10.0))
-    try:
-        got, counts = _read_all(opened.body)
-    finally:
-        opened.body.close()
+    got, counts = _read_object(server, "big")
     assert got == data
     assert len(counts) <= 24, counts  # one recv() a piece would be ~256 reads
     assert sum(counts[6:]) / len(counts[6:]) >= 512 << 10
@@ -127,11 +132,7 @@ def test_a_body_under_the_bulk_size_is_read_a_recv_at_a_time(server, monkeypatch
     data = random.Random(5).randbytes(4 << 20)
     server.bodies["small"] = data
     server.piece, server.pause = 32 << 10, 0.001
-    opened = open_signed(server.url("small"), 0, None, (5.0, 10.0))
-    try:
-        got, counts = _read_all(opened.body)
-    finally:
-        opened.body.close()
+    got, counts = _read_object(server, "small")
     assert got == data
     assert len(counts) > 48  # about a read a piece (128 pieces)
 
@@ -143,11 +144,7 @@ def test_a_body_slower_than_the_mark_is_read_whole_without_a_stall(server, monke
     data = random.Random(2).randbytes(200_000)
     server.bodies["slow"] = data
     server.piece, server.pause = 2000, 0.02
-    opened = open_signed(server.url("slow"), 0, None, (5.0, 1.0))
-    try:
-        got, counts = _read_all(opened.body, (1 << 20, 100_000))
-    finally:
-        opened.body.close()
+    got, counts = _read_object(server, "slow", 1.0, (1 << 20, 100_000))
     assert got == data
     assert len(counts) > 20  # read as it came, not in bulk
 
