@@ -150,11 +150,10 @@ class _Output:
         try:
             size = os.fstat(source).st_size
             header = member_header(name, size, mtime=options.mtime, mode=options.mode)
-            pending = self.pending
-            pending.append(header)
-            _write_all(self.fd, pending[0] if len(pending) == 1 else b"".join(pending))  # one write: what
-            pending.clear()  # came before, and this header
-            self.pos = self.flushed = at = self.pos + len(header)
+            self.pending.append(header)
+            self.pos += len(header)
+            self.flush()  # one write: what came before, and this header
+            at = self.pos
             left = size
             while left:
                 copied = _copy(source, self.fd, left)
@@ -164,8 +163,7 @@ class _Output:
                 left -= copied
             self.pos = self.flushed = at + size
             if size % BLOCK:  # the padding waits for the next write (under _FLUSH_AT: no flush due)
-                pending.append(_ZEROS[size % BLOCK - BLOCK :])
-                self.pos += BLOCK - size % BLOCK
+                self.write(_ZEROS[: BLOCK - size % BLOCK])
             return at, size
         finally:
             os.close(source)
