@@ -20,11 +20,15 @@ from aistore.sdk.types import BucketModel
 from wds_datapipes.errors import ShardOpenError
 
 from .client import AISUrl, endpoint, get_client
-from .errors import AIS_FAILURES, DsortError, translating
+from .errors import AIS_FAILURES, DsortError, server_message, status_of, translating
 from .listing import list_objects
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)(?:\.\.\d+)?\}")
 _FMT = re.compile(r"%(?:0(\d+))?d")  # AIStore's 'fmt' template: prefix-%06d-suffix, numbered from 0
+# How long every target may answer "does not exist" for a job that started before that is an
+# error: the proxy asks the targets of its current map (AIStore's own note: a target new to
+# the map knows nothing of the job), so such an answer can pass while the map changes.
+UNKNOWN_GRACE_S = 10.0
 
 
 def _split_url(url: str) -> tuple[str, str]:
@@ -172,9 +176,20 @@ def dsort_shuffle(
             job_id = job.start(spec_path)
 
     deadline = time.monotonic() + timeout
+    unknown_since = None
     while True:
-        with translating(DsortError, where, cluster, doing=f"follow dSort job {job_id}"):
-            infos = list((job.get_job_info() or {}).values())
+        infos = _job_infos(job, job_id, where, cluster)
+        if infos is None:  # every target answered "does not exist"
+            unknown_since = unknown_since or time.monotonic()
+            if time.monotonic() - unknown_since > UNKNOWN_GRACE_S:
+                raise DsortError(
+                    f"dSort job {job_id} ({input_url} -> {output_url}) started, but every target of the "
+                    f"cluster at {cluster} has answered for {UNKNOWN_GRACE_S:.0f} s that it does not know "
+                    f"the job (a target restarted, or the cluster map changed under it)"
+                )
+            time.sleep(poll_s)
+            continue
+        unknown_since = None
         errors = [e for info in infos for e in (info.metrics.errors or []) if e]
         if any(info.aborted or info.metrics.aborted for info in infos):
             raise DsortError(f"dSort job {job_id} ({input_url} -> {output_url}) aborted: {'; '.join(errors) or 'no reason given'}")
@@ -190,6 +205,18 @@ def dsort_shuffle(
             raise DsortError(f"dSort job {job_id} ({input_url} -> {output_url}) did not finish in {timeout:.0f} s; aborted")
         time.sleep(poll_s)
     return [f"ais://{out_bucket}/{name}" for name in _output_names(out_bucket, out_template)]
+
+
+def _job_infos(job, job_id: str, where: AISUrl, cluster: str) -> list | None:
+    """Each target's record of the job; ``None`` when the cluster answers that no target has one."""
+    try:
+        with translating(DsortError, where, cluster, doing=f"follow dSort job {job_id}"):
+            return list((job.get_job_info() or {}).values())
+    except DsortError as exn:
+        cause = exn.__cause__
+        if cause is not None and status_of(cause) == 404 and "does not exist" in server_message(cause):
+            return None
+        raise
 
 
 def _wait_gone(bucket: str, template: str, timeout: float) -> None:

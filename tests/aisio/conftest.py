@@ -10,7 +10,9 @@ the tests skip with the reason, except under CI (``CI`` set), where they fail in
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
+from pathlib import Path
 
 import pytest
 from ais_helpers import make_samples, write_shards
@@ -25,6 +27,45 @@ def _no_cluster(reason: str):
     if IN_CI:
         pytest.fail(f"AIStore tests must run in CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+# What the local cluster's nodes said around each failed test here, printed at the end of the
+# run (CI shows its tail): the node logs go with the cluster when the session stops it.
+_NODE_CLUES: list[str] = []
+
+
+def _node_clues(nodeid: str, lines: int = 8) -> str:
+    cluster = LocalCluster.load()
+    given = os.environ.get(ENDPOINT_ENV, "").rstrip("/")
+    if cluster is None or cluster.endpoint.rstrip("/") != given:
+        return f"{nodeid}: the cluster at {given or '(none)'} is not a local one of aisio.cluster"
+    disk = shutil.disk_usage(cluster.run_dir)
+    out = [f"{nodeid}: disk {100 * disk.used / disk.total:.0f}% used, {disk.free / 2**30:.1f} GiB free"]
+    for node in cluster.nodes:
+        out.append(f"  {node.role} :{node.port} {'up' if cluster.is_alive(node) else 'NOT RUNNING'}")
+        for log in sorted((Path(node.dir) / "log").glob("ais*.INFO")):
+            text = log.read_text(errors="replace").splitlines()
+            notable = [t for t in text if t[:2] in ("E ", "W ") or "dsort" in t or "srt-" in t]
+            out.extend(f"    {t[:200]}" for t in notable[-lines:])
+    return "\n".join(out)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.when == "call" and len(_NODE_CLUES) < 3:
+        try:
+            _NODE_CLUES.append(_node_clues(item.nodeid))
+        except OSError as exn:
+            _NODE_CLUES.append(f"{item.nodeid}: no clues from the nodes: {exn}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _NODE_CLUES:
+        terminalreporter.section("AIStore nodes at the first failures")
+        for clue in _NODE_CLUES:
+            terminalreporter.write_line(clue)
 
 
 # ais_endpoint (the session's cluster) and the `ais` marker are in tests/server_fixtures.py,

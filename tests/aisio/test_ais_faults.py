@@ -144,10 +144,13 @@ def test_sigkill_of_a_target_mid_epoch_on_an_erasure_coded_bucket_loses_and_repe
     got, after_fault = _read_epoch(spec, lambda: fault_cluster.signal_node(victim, signal.SIGKILL), log)
     _assert_each_sample_once(got, samples)
     # The readers met the dead target, by its id and URL, and kept trying.
-    assert f"at {victim.url}" in log.read_text() and "trying again" in log.read_text()
+    said = log.read_text()
+    assert f"at {victim.url}" in said and "trying again" in said, f"the readers' warnings:\n{said[-3000:]}"
     # The reader waited for the cluster to route around the dead target (its map dropped
     # it), rather than never meeting the fault.
-    assert fault_cluster.target_ports_in_map() == {n.port for n in fault_cluster.targets if n is not victim}
+    in_map = fault_cluster.target_ports_in_map()
+    assert in_map == {n.port for n in fault_cluster.targets if n is not victim}, \
+        f"targets in the map {sorted(in_map)}, victim {victim.port}, {after_fault:.1f} s after the kill"
     assert after_fault > 3, f"the epoch ended {after_fault:.1f} s after the kill: did it meet the fault?"
     with capsys.disabled():
         print(f"\n  [faults] SIGKILL of a target: the epoch completed {after_fault:.1f} s after the kill")
