@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from fault_proxy import FaultProxy, Schedule, no_faults
@@ -33,6 +36,8 @@ from object_servers import (
 
 from aisio.client import ENDPOINT_ENV
 from aisio.cluster import ClusterError, cluster_endpoint
+from aisio.cluster.config import CACHE_ENV
+from aisio.cluster.config import cache_dir as cluster_cache_dir
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -65,7 +70,8 @@ def ais_endpoint():
     With ``AIS_ENDPOINT`` set, that cluster. Otherwise the local cluster of :mod:`aisio.cluster`
     (1 proxy + 2 targets on 127.0.0.1, aisnode built first if missing): one already started
     with ``python -m aisio.cluster start`` is used and left running, else one is started for
-    the session and stopped at its end.
+    the session and stopped at its end. Under CI the session always starts its own
+    (:func:`_private_cluster_cache`).
     """
     given = os.environ.get(ENDPOINT_ENV)
     if given:
@@ -74,11 +80,36 @@ def ais_endpoint():
         yield given.rstrip("/")
         return
     with contextlib.ExitStack() as stack:
+        if IN_CI:
+            stack.enter_context(_private_cluster_cache())
         try:  # the running local cluster, or one started (and stopped) for the session
             endpoint = stack.enter_context(cluster_endpoint(verbose=False))
         except ClusterError as exn:
             cannot_have(f"no local AIStore cluster: {exn}")
         yield endpoint
+
+
+@contextlib.contextmanager
+def _private_cluster_cache():
+    """Under CI, the session's cluster is its own: a cache folder of the session's holds the
+    cluster's state (the installed servers linked in from the real cache), so a cluster left
+    running by another run on the same machine, or started by one beside it, is never used,
+    stopped or replaced by this one."""
+    real = cluster_cache_dir()
+    private = Path(tempfile.mkdtemp(prefix="wds-test-cache-"))
+    for entry in real.iterdir() if real.is_dir() else ():
+        if entry.name not in ("cluster", "runs"):
+            (private / entry.name).symlink_to(entry)
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(private)  # worker processes and example scripts inherit it
+    try:
+        yield private
+    finally:
+        if before is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = before
+        shutil.rmtree(private, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

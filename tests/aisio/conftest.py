@@ -3,7 +3,8 @@
 The session's cluster is ``ais_endpoint`` (tests/server_fixtures.py): with ``AIS_ENDPOINT``
 set, the tests use that cluster. Otherwise the session starts the local cluster of
 :mod:`aisio.cluster` (1 proxy + 2 targets on 127.0.0.1; building aisnode first if it is missing) and stops it at the end; one already started with
-``python -m aisio.cluster start`` is used and left running. Where no cluster can be had
+``python -m aisio.cluster start`` is used and left running, except under CI, where the session
+always starts its own. Where no cluster can be had
 the tests skip with the reason, except under CI (``CI`` set), where they fail instead.
 """
 
