@@ -100,7 +100,7 @@ def run_ours_no_index(src: str, dst: str) -> None:
     """Ours with member places and the index file switched off (the progress record stays)."""
     places, join = shard_file._places, writer.join_index
     shard_file._places = lambda *args: ShardPlaces(None)
-    writer.join_index = lambda index, world: ShardIndex([])  # nothing joined nor saved
+    writer.join_index = lambda index, world, own=None: ShardIndex([])  # nothing joined nor saved
     try:
         run_ours(src, dst)
     finally:

@@ -18,6 +18,7 @@ from wds_datapipes import ShardLister
 from wds_datapipes.decoding.encoding import encode_sample
 from wds_datapipes.epochs.exact_epochs import ExactEpochs
 from wds_datapipes.epochs.index import ShardIndex, scan_shard
+from wds_datapipes.epochs.places import MemberPlaces
 from wds_datapipes.shards.grouping import split_key
 from wds_datapipes.writing import FileBytes, join_index, write_shards
 from wds_datapipes.writing.plan import ShardPlanner, assign_shards, sample_cost
@@ -67,6 +68,36 @@ def test_the_index_written_in_the_same_pass_equals_a_fresh_scan_and_verify_passe
     verify = subprocess.run([sys.executable, "-m", "wds_datapipes", "verify", str(tmp_path / "out/index.json")],
                             check=False, capture_output=True, text=True, timeout=300)
     assert verify.returncode == 0, verify.stderr
+
+
+_FOLDER = st.text("ab.-", min_size=1, max_size=4).filter(lambda f: f not in (".", ".."))
+_STEM = st.text("abcxyz019_-", min_size=1, max_size=6).filter(lambda t: not t.startswith("__"))
+_KEYS = st.tuples(st.lists(_FOLDER, max_size=2), _STEM).map(lambda parts: "/".join([*parts[0], parts[1]]))
+_FIELDS = st.lists(st.sampled_from(["jpg", "JPG.b", "seg.png", "cls", "Txt"]), min_size=1, max_size=3,
+                   unique_by=str.lower)
+
+
+@settings(max_examples=40, deadline=None)
+@given(keys=st.lists(_KEYS, min_size=1, max_size=12, unique=True), fields=_FIELDS, data=st.data())
+def test_the_places_the_writer_makes_equal_those_a_scan_takes(tmp_path_factory, keys, fields, data):
+    """oracle: scan_shard(places=True), which splits the member names it reads (the writer
+    takes each sample's key and each member's suffix as it wrote them instead)."""
+    out = tmp_path_factory.mktemp("places")
+    samples = [{"__key__": key, **{f: data.draw(st.binary(max_size=700)) for f in fields}} for key in keys]
+    write_shards(samples, str(out / "s-%04d.tar"), maxcount=data.draw(st.integers(1, 5)), fsync=False)
+    index = ShardIndex.load(str(out / "index.json"))
+    for shard in range(len(index)):
+        got, scanned = index.places.shard_places(shard), scan_shard(index.url(shard), places=True).places
+        assert got.names == scanned.names
+        for column in ("data", "sizes", "samples"):
+            assert list(getattr(got, column)) == list(getattr(scanned, column)), column
+    assert index.places.suffixes == MemberPlaces.from_shards(
+        [scan_shard(index.url(n), places=True).places for n in range(len(index))]).suffixes
+    # The run joined its index from memory; joined again from its progress record on disk
+    # (names split again), the index files are the same bytes.
+    files = {p.name: p.read_bytes() for p in out.glob("index.*") if "progress" not in p.name}
+    join_index(str(out / "index.json"), 1)
+    assert {p.name: p.read_bytes() for p in out.glob("index.*") if "progress" not in p.name} == files
 
 
 def test_exact_epochs_reads_every_written_sample_from_the_written_index(tmp_path, samples):

@@ -43,7 +43,7 @@ import base64
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -68,6 +68,10 @@ class ShardPlaces:
     samples: np.ndarray | None = None  # each member's sample number within the shard
     filesize: int | None = None
     version: int | str | None = None  # a local file's mtime_ns, a remote object's version (or None)
+    # Where the writer made the names: each sample's key and each member's suffix as written,
+    # which MemberPlaces.from_shards takes instead of splitting the names again (not in to_json).
+    keys: list[str] | None = field(default=None, compare=False, repr=False)
+    suffixes: list[str] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:
         """A JSON-able form (an interrupted index run keeps its scans in it)."""
@@ -190,18 +194,23 @@ class MemberPlaces:
             if shard.names is None:
                 entries.append(None)
                 continue
-            # the scan kept names with a key, a sample's members share it: split each sample's first
             samples = np.asarray(shard.samples, dtype=np.int64)
-            firsts = _sample_starts(samples)
-            sample_keys = [split_key(shard.names[f])[0] for f in firsts]
+            if shard.keys is not None and shard.suffixes is not None:
+                sample_keys, suffixes = shard.keys, shard.suffixes
+            else:  # the scan kept names with a key, a sample's members share it: split each sample's first
+                firsts = _sample_starts(samples)
+                sample_keys = [split_key(shard.names[f])[0] for f in firsts]
+                cuts = np.repeat([len(key) + 1 for key in sample_keys],
+                                 np.diff(firsts + [len(shard.names)])).tolist() if firsts else []
+                suffixes = [name[cut:] for name, cut in zip(shard.names, cuts)]
             encoded = [key.encode("utf-8", "surrogateescape") + b"\0" for key in sample_keys]
-            starts = at + np.concatenate([[0], np.cumsum([len(e) for e in encoded], dtype=np.int64)[:-1]])
-            at += sum(len(e) for e in encoded)
+            ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+            starts = at + np.concatenate([[0], ends[:-1]])
+            at += int(ends[-1]) if len(ends) else 0
             part = np.empty(len(shard.names), dtype=ROW)
-            part["data"], part["size"], part["sample"] = shard.data, shard.sizes, shard.samples
-            cuts = np.repeat([len(key) + 1 for key in sample_keys],
-                             np.diff(firsts + [len(shard.names)])).tolist() if firsts else []
-            part["suffix"] = [table.setdefault(name[cut:], len(table)) for name, cut in zip(shard.names, cuts)]
+            part["data"], part["size"], part["sample"] = shard.data, shard.sizes, samples
+            number = table.setdefault
+            part["suffix"] = [number(suffix, len(table)) for suffix in suffixes]
             part["key"] = starts[samples - samples[0]] if len(samples) else starts[:0]
             rows.append(part)
             keys.extend(encoded)

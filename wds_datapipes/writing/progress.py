@@ -71,6 +71,7 @@ class ProgressLog:
         self.path = path
         self.settings = settings
         self.done: dict[int, dict] = {}
+        self.scans: dict[int, ShardScan] = {}  # the scans this run recorded, as written
         self.ended: int | None = None
         if restart or not os.path.exists(path):
             self._start()
@@ -118,6 +119,7 @@ class ProgressLog:
                  "skipped": skipped, "scan": scan.to_json()}
         self._append(entry)
         self.done[shard] = entry
+        self.scans[shard] = scan
 
     def end(self, shards: int) -> None:
         """Marks this rank complete, in a plan of ``shards`` shards."""
@@ -173,12 +175,18 @@ def object_still_there(entry: dict, stores: PipelineStores | None = None) -> boo
     return now[0] == scan["filesize"] and (version is None or now[1] is None or str(now[1]) == str(version))
 
 
-def join_index(index: str, world: int) -> ShardIndex:
+def join_index(index: str, world: int, own: ProgressLog | None = None) -> ShardIndex:
     """The index of a finished multi-rank (or one-rank) run, from its ranks' progress
-    records, saved to ``index``; raises naming the ranks or shards still missing."""
+    records, saved to ``index``; raises naming the ranks or shards still missing. ``own``:
+    the ended log of the rank that joins, whose record is taken from memory, not read again
+    (its scans of this run as written, with the keys and suffixes the writer made)."""
     scans: dict[int, ShardScan] = {}
     totals = set()
     for rank in range(world):
+        if own is not None and own.ended is not None and own.settings.rank == rank and own.settings.world == world:
+            totals.add(own.ended)
+            scans.update({n: own.scans.get(n) or ShardScan.from_json(e["scan"]) for n, e in own.done.items()})
+            continue
         path = progress_path(index, rank, world)
         if not os.path.exists(path):
             raise ShardWriteError(f"rank {rank} of {world} has not started: no {path!r}")

@@ -259,6 +259,7 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
                 source = str(sample.get("__source__", key))
                 out.cut_back(start)
                 del members[kept:]
+                del keys.suffixes[kept:]
                 keys.last = last
                 error = exn if isinstance(exn, ShardWriteError) else ShardWriteError(
                     f"{type(exn).__name__}: {exn}", shard=path, key=key if isinstance(key, str) else None,
@@ -285,17 +286,20 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
         scan = ShardScan(path, len(starts), stamp[0], None)
     else:
         scan = ShardScan(path, len(starts), stamp[0], np.asarray(starts, dtype=np.int64),
-                         places=_places(path, members, counts, stamp, keys.plain))
+                         places=_places(path, members, counts, stamp, keys))
     return ShardResult(shard, scan, len(starts), skipped)
 
 
 class _Keys:
     """Whether the members written so far make places without a second look at their names:
-    every name checked (:func:`check_fields`) and each sample's key other than the one before."""
+    every name checked (:func:`check_fields`) and each sample's key other than the one before;
+    and the names' parts as written: each written sample's key, each member's suffix."""
 
     def __init__(self):
         self.plain = True
         self.last: object = None  # the key of the last sample written
+        self.written: list[str] = []
+        self.suffixes: list[str] = []
 
     def add(self, key: object, checked: bool) -> None:
         self.plain = self.plain and checked and key != self.last
@@ -303,15 +307,16 @@ class _Keys:
 
 
 def _places(path: str, members: list[tuple[str, int, int]], counts: list[int], stamp: tuple[int, int],
-            plain: bool) -> ShardPlaces:
+            keys: _Keys) -> ShardPlaces:
     """The shard's member places, as :func:`places_of_members` takes them from its members; built
     straight from the members where their names were checked and keys change from sample to
     sample (the same places: every name splits into its sample's key and a suffix of its own)."""
-    if not plain:
+    if not keys.plain:
         return places_of_members(path, members, stamp)
     names, data, sizes = zip(*members) if members else ((), (), ())
     return ShardPlaces(list(names), np.asarray(data, dtype=np.int64), np.asarray(sizes, dtype=np.int64),
-                       np.repeat(np.arange(len(counts), dtype=np.int64), counts), *stamp)
+                       np.repeat(np.arange(len(counts), dtype=np.int64), counts), *stamp,
+                       keys=keys.written, suffixes=keys.suffixes)
 
 
 def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, map_fn, members: list,
@@ -342,6 +347,9 @@ def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, 
             at = out.pos + len(header)
             out.write(b"".join((header, data, padding(size))))
         members.append((name, at, size))
+        keys.suffixes.append(suffix)
+    if fields:  # written whole (a failure above leaves it out)
+        keys.written.append(key)
 
 
 def _remove(path: str) -> None:

@@ -166,7 +166,7 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
                 publish.close()
         if join if join is not None else world == 1:
             joined = (dest.join_remote_index(index, world, files, log.done) if isinstance(log, dest.RemoteProgress)
-                      else join_index(index, world))
+                      else join_index(index, world, own=log))
             report.index = joined.with_store(stores)
     finally:
         if folder is not None:
