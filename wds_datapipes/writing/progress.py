@@ -185,7 +185,8 @@ def join_index(index: str, world: int, own: ProgressLog | None = None) -> ShardI
     for rank in range(world):
         if own is not None and own.ended is not None and own.settings.rank == rank and own.settings.world == world:
             totals.add(own.ended)
-            scans.update({n: own.scans.get(n) or ShardScan.from_json(e["scan"]) for n, e in own.done.items()})
+            scans.update({n: own.scans[n] if n in own.scans else ShardScan.from_json(e["scan"])
+                          for n, e in own.done.items()})
             continue
         path = progress_path(index, rank, world)
         if not os.path.exists(path):
