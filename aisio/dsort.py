@@ -209,14 +209,13 @@ def dsort_shuffle(
 
 def _job_infos(job, job_id: str, where: AISUrl, cluster: str) -> list | None:
     """Each target's record of the job; ``None`` when the cluster answers that no target has one."""
-    try:
-        with translating(DsortError, where, cluster, doing=f"follow dSort job {job_id}"):
+    with translating(DsortError, where, cluster, doing=f"follow dSort job {job_id}"):
+        try:
             return list((job.get_job_info() or {}).values())
-    except DsortError as exn:
-        cause = exn.__cause__
-        if cause is not None and status_of(cause) == 404 and "does not exist" in server_message(cause):
-            return None
-        raise
+        except AIS_FAILURES as exn:
+            if status_of(exn) == 404 and "does not exist" in server_message(exn):
+                return None
+            raise
 
 
 def _wait_gone(bucket: str, template: str, timeout: float) -> None:
