@@ -83,6 +83,7 @@ from aisio import AISSourceLister, get_client, open_ais_url, upload_file
 from aisio.client import endpoint
 from aisio.cluster import LocalCluster, cluster_endpoint
 from wds_datapipes import ShardLister, register_opener
+from wds_datapipes.torch_datapipes import IterDataPipe
 
 BUCKET = "bench-ais"
 OBJECTS_BUCKET = "bench-ais-objs"  # the same samples, one object per file
@@ -117,14 +118,29 @@ class _Tallied(IterableDataset):
         self.dataset, self.tally = dataset, tally
 
     def __iter__(self):
-        pending = []
-        for item in self.dataset:
-            pending.append(self.tally(item))
-            if len(pending) == PER_MESSAGE:
-                yield _add(pending)
-                pending = []
-        if pending:
+        return _tallies(self.dataset, self.tally)
+
+
+class _TalliedPipe(IterDataPipe):
+    """The same one-generator tally over a datapipe, kept a datapipe so that the reading
+    service's sharding still reaches the pipe below it."""
+
+    def __init__(self, source_datapipe, tally: Callable[[object], tuple[int, int]]):
+        self.source_datapipe, self.tally = source_datapipe, tally
+
+    def __iter__(self):
+        return _tallies(self.source_datapipe, self.tally)
+
+
+def _tallies(items: Iterable, tally: Callable[[object], tuple[int, int]]):
+    pending = []
+    for item in items:
+        pending.append(tally(item))
+        if len(pending) == PER_MESSAGE:
             yield _add(pending)
+            pending = []
+    if pending:
+        yield _add(pending)
 
 
 def _sdk_reader(url: str):
@@ -140,24 +156,36 @@ class Loader:
     """A 2-worker loader over a pipe of (count, bytes) tallies, kept up between measurements.
 
     ``kind``: "datapipes", "webdataset", or a torch dataset of ``(name, content)`` items,
-    "torch-iterable" or "torch-map" (aistore.pytorch); ``per_sample``: items per sample."""
+    "torch-iterable" or "torch-map" (aistore.pytorch); ``per_sample``: items per sample.
+    ``generator_tally``: datapipes and webdataset tally in one plain generator, at the same
+    cost a sample on both sides, instead of each library's own map and batch stages (torch's
+    datapipe stages cost a hook a sample that webdataset's do not)."""
 
-    def __init__(self, kind: str, make: Callable[[], object], per_sample: int = 1):
+    def __init__(self, kind: str, make: Callable[[], object], per_sample: int = 1, generator_tally: bool = False):
         self.kind, self.make, self.loader, self.per_sample = kind, make, None, per_sample
+        self.generator_tally = generator_tally
+
+    def _tallied_pipe(self):
+        if self.generator_tally:
+            return _TalliedPipe(self.make(), _tally)
+        return self.make().map(_tally).batch(PER_MESSAGE).map(_add)
 
     def start(self) -> None:
         if self.kind == "datapipes" and DataLoader2 is not None:
-            dp = self.make().map(_tally).batch(PER_MESSAGE).map(_add)
-            self.loader = DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=WORKERS))
+            self.loader = DataLoader2(self._tallied_pipe(),
+                                      reading_service=wd.MultiProcessingReadingService(num_workers=WORKERS))
         elif self.kind == "datapipes":
-            dp = self.make().map(_tally).batch(PER_MESSAGE).map(_add)
-            self.loader = DataLoader(dp, batch_size=None, num_workers=WORKERS, persistent_workers=True)
+            self.loader = DataLoader(self._tallied_pipe(), batch_size=None, num_workers=WORKERS,
+                                     persistent_workers=True)
         elif self.kind == "torch-iterable":  # each worker tallies its share of the items
             self.loader = DataLoader(_Tallied(self.make(), _tally_named), batch_size=None,
                                      num_workers=WORKERS, persistent_workers=True)
         elif self.kind == "torch-map":  # collate_fn runs in the workers: one tally per batch
             self.loader = DataLoader(self.make(), batch_size=PER_MESSAGE, num_workers=WORKERS,
                                      collate_fn=functools.partial(_collate_tallies, _tally_named),
+                                     persistent_workers=True)
+        elif self.generator_tally:
+            self.loader = DataLoader(_Tallied(self.make(), _tally), batch_size=None, num_workers=WORKERS,
                                      persistent_workers=True)
         else:
             ds = self.make().map(_tally).batched(PER_MESSAGE, collation_fn=_add)

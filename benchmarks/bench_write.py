@@ -1,6 +1,6 @@
 """Writing shards from an ImageFolder tree: ours against ``cp -r``, webdataset's ShardWriter and LitData.
 
-    python benchmarks/bench_write.py [--files 4000] [--images 400] [--rounds 9]
+    python benchmarks/bench_write.py [--files 4000] [--images 1600] [--rounds 9]
 
 The input: ``--files`` files of 50-150 KB of random bytes in 40 class folders, read once
 so they sit in the page cache. A copy-only conversion to shards of 1000 samples (each
@@ -15,9 +15,17 @@ sample its file and its class), in one process, timed per round, the median repo
 
 Then ``--images`` JPEGs (640x480, 50-150 KB) through a per-sample function (decode,
 resize to 320x240, re-encode), with 1 and 2 worker processes, in shards of 10 samples.
+1,600 by default: a run of 400 lasts 1.4-2.4 s, short enough for its start and its end to
+move the ratio (measured in one hour: 1.67 at 400 images, rounds 1.32-1.97; 1.91 at 1,600,
+rounds 1.84-2.00).
 
 The paths alternate within each round (a change of the machine's load hits every row).
-No run fsyncs (``cp`` does not). Timings on a shared machine move with its load: compare
+The index's cost is also taken from ``--index-pairs`` back-to-back runs of ours with and
+without it after each round (the median of each pair's ratio): two single runs a round
+differ by more than the index costs (paired runs of the same code moved -11% to +20%).
+No run fsyncs (``cp`` does not); after each run, untimed, its output is
+removed and ``sync`` waits for the disk, so no run is throttled by the writeback of the one
+before it. Timings on a shared machine move with its load: compare
 ratios from one run. The CPU time per file (user + system of this process and its
 children: ``cp``, the workers) moves less with the load than the wall time does.
 """
@@ -107,6 +115,9 @@ def run_ours_no_index(src: str, dst: str) -> None:
         shard_file._places, writer.join_index = places, join
 
 
+INDEX_PAIR = ("ours", "ours, no index")
+
+
 def make_images(root: str, images: int, seed: int = 0) -> int:
     """``images`` JPEGs of 640x480 (smooth colours and noise: 50-150 KB) in 4 class folders."""
     import numpy as np
@@ -177,8 +188,10 @@ def _cpu_seconds() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=4000)
-    parser.add_argument("--images", type=int, default=400)
+    parser.add_argument("--images", type=int, default=1600)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--index-pairs", type=int, default=3,
+                        help="back-to-back runs of ours with and without the index a round")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench-write-")
     try:
@@ -203,17 +216,28 @@ def main() -> None:
         }
         times: dict[str, list[float]] = {name: [] for name in runs}
         cpu: dict[str, list[float]] = {name: [] for name in runs}
+        pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in INDEX_PAIR}
+
+        def timed(name: str) -> tuple[float, float]:
+            source, _, run = runs[name]
+            dst = os.path.join(work, "dst")
+            used = _cpu_seconds()
+            started = time.perf_counter()
+            run(source, dst)
+            seconds, cpu_s = time.perf_counter() - started, _cpu_seconds() - used
+            shutil.rmtree(dst)
+            os.sync()  # untimed: the next run does not wait on this one's writeback
+            return seconds, cpu_s
+
         for round_ in range(args.rounds):
             order = list(runs) if round_ % 2 == 0 else list(reversed(runs))  # alternate: no row always first
             for name in order:
-                source, _, run = runs[name]
-                dst = os.path.join(work, "dst")
-                used = _cpu_seconds()
-                started = time.perf_counter()
-                run(source, dst)
-                times[name].append(time.perf_counter() - started)
-                cpu[name].append(_cpu_seconds() - used)
-                shutil.rmtree(dst)
+                seconds, cpu_s = timed(name)
+                times[name].append(seconds)
+                cpu[name].append(cpu_s)
+            for pair in range(args.index_pairs):  # the index's cost: ours with and without it, back to back
+                for name in INDEX_PAIR if (round_ + pair) % 2 == 0 else INDEX_PAIR[::-1]:
+                    pairs[name].append(timed(name))
         rate = {name: runs[name][1] / statistics.median(t) for name, t in times.items()}
         per_file = {name: statistics.median(c) * 1e6 / runs[name][1] for name, c in cpu.items()}
         for name, files_per_s in rate.items():
@@ -233,7 +257,12 @@ def main() -> None:
              per_file["LitData optimize"] / per_file["ours"])
         goal("index in the same pass, time over none", rate["ours, no index"] / rate["ours"] - 1, 0.05,
              per_file["ours"] / per_file["ours, no index"] - 1, more=False)
-        own = index_time.seconds / sum(cpu["ours"])
+        if args.index_pairs:
+            with_index, without = pairs[INDEX_PAIR[0]], pairs[INDEX_PAIR[1]]
+            goal(f"index in the same pass, time over none, median of {len(with_index)} back-to-back pairs",
+                 statistics.median(a[0] / b[0] for a, b in zip(with_index, without)) - 1, 0.05,
+                 statistics.median(a[1] / b[1] for a, b in zip(with_index, without)) - 1, more=False)
+        own = index_time.seconds / (sum(cpu["ours"]) + sum(c for _, c in pairs["ours"]))  # every run of ours
         goal("index in the same pass, its own CPU time over the rest of ours", own / (1 - own), 0.05, own / (1 - own),
              more=False)
         goal("function, 2 workers / 1 worker", rate["ours + function, 2 workers"] / rate["ours + function, 1 worker"],

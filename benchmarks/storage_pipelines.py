@@ -25,6 +25,8 @@ from aisio import get_client
 NO_S3 = ""  # why s3:// rows are missing, or "" where a back end for s3:// is registered
 LISTED_BUCKET = "bench-storage-listed"
 LISTED_OBJECTS = 10_000
+PER_ROUND = 3  # epochs a round in the pipelines' table: an epoch of the 64 MB set is about 0.4 s for ours
+SLOW_PER_ROUND = 1  # for pipe:aws (8-80x slower: one epoch is seconds)
 
 
 def s3_environment(endpoint: str) -> None:
@@ -65,7 +67,7 @@ def urls_by_scheme(endpoint: str, bucket: str, names: list[str]) -> dict[str, li
 
 
 def _median_rate(row: Row) -> float:
-    return row.nbytes / statistics.median(row.seconds) / 1e6
+    return row.nbytes * row.epochs_per_pass / statistics.median(row.seconds) / 1e6
 
 
 def bench_pipelines(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int, data: str) -> None:
@@ -74,25 +76,29 @@ def bench_pipelines(endpoint: str, bucket: str, sets: dict[str, list[str]], roun
     NO_S3 = s3_missing()
     beside = os.path.join(os.path.dirname(sys.executable), "aws")  # the bench venv's, before any on PATH
     aws = beside if os.path.exists(beside) else shutil.which("aws")
-    print("\n2. Pipelines: load_tar().group_by_key(), raw (no decoding), DataLoader with 2 workers, one epoch "
-          f"a round (MB/s of the median of {rounds} rounds, alternating)")
+    print("\n2. Pipelines: load_tar().group_by_key(), raw (no decoding), DataLoader with 2 workers, "
+          f"{PER_ROUND} epochs a round ({SLOW_PER_ROUND} for pipe:aws), each side's samples tallied by one plain "
+          f"generator in its workers (MB/s of the median of {rounds} rounds, alternating)")
     if NO_S3:
         print(f"   s3:// rows: {NO_S3}")
     if not aws:
         print("   webdataset over `aws s3 cp`: no `aws` on PATH (pip install awscli)")
     table: dict[str, dict[str, float]] = {}
+    paired: dict[str, str] = {}
     for label in ("2-4 MB", "64 MB"):
         urls = urls_by_scheme(endpoint, bucket, sets[label])
-        rows = [Row(f"ours, {scheme}://", Loader("datapipes", lambda u=u: wd.ShardLister(u).load_tar().group_by_key()))
+        rows = [Row(f"ours, {scheme}://", Loader("datapipes", lambda u=u: wd.ShardLister(u).load_tar().group_by_key(),
+                                                  generator_tally=True))
                 for scheme, u in urls.items()]
         curl = [f"pipe:curl -s -f {u}" for u in urls["http"]]
         rows.append(Row("webdataset, pipe:curl", Loader("webdataset", lambda curl=curl: wds.WebDataset(
-            curl, shardshuffle=False, empty_check=False))))
+            curl, shardshuffle=False, empty_check=False), generator_tally=True)))
         if aws:
             cp = [f"pipe:{aws} s3 cp --only-show-errors s3://{bucket}/{n} -" for n in sets[label]]
             rows.append(Row("webdataset, pipe:aws s3 cp", Loader("webdataset", lambda cp=cp: wds.WebDataset(
-                cp, shardshuffle=False, empty_check=False))))
-        _measure(rows, rounds)
+                cp, shardshuffle=False, empty_check=False), generator_tally=True)))
+        _measure(rows, rounds, {"webdataset, pipe:aws s3 cp": SLOW_PER_ROUND}, PER_ROUND)
+        paired[label] = _paired(rows, "ours, s3://", "webdataset, pipe:curl")
         table[label] = {row.name: _median_rate(row) for row in rows}
         counts = {(row.samples, row.nbytes) for row in rows}
         if len(counts) > 1:
@@ -103,6 +109,8 @@ def bench_pipelines(endpoint: str, bucket: str, sets: dict[str, list[str]], roun
     for name in names:
         print(f"| {name} | {table['2-4 MB'][name]:,.0f} | {table['64 MB'][name]:,.0f} |")
     _ratios(table)
+    print("  ours, s3:// / webdataset, pipe:curl, each round's pair: median (range) "
+          + "; ".join(f"{label} {text}" for label, text in paired.items()))
     forked_after_obstore(endpoint, bucket, sets, rounds)  # first: its in-process row needs a parent without obstore
     exact_epochs(endpoint, bucket, sets, rounds)
     cache_over_s3(endpoint, bucket, sets, rounds)
@@ -239,16 +247,28 @@ def _below_ms() -> float:
     return total * 1000 / os.sysconf("SC_CLK_TCK")
 
 
-def _measure(rows: list[Row], rounds: int) -> None:
+def _measure(rows: list[Row], rounds: int, per_round: dict[str, int] | None = None, default: int = 1) -> None:
+    """Rounds of every row in turn (the order reversed every other round), each row ``default``
+    epochs a round or its own number in ``per_round``."""
     for row in rows:  # all loaders up, each warmed once
         row.loader.start()
         row.loader.epoch()
     try:
         for _, row in alternating(rounds, rows):
-            row.measure(1, [])
+            row.measure((per_round or {}).get(row.name, default), [])
     finally:
         for row in rows:
             row.loader.stop()
+
+
+def _paired(rows: list[Row], a: str, b: str) -> str:
+    """The median and range of the rate ratio of rows ``a`` and ``b`` within each round."""
+    named = {row.name: row for row in rows}
+    if a not in named or b not in named:
+        return "(not measured)"
+    one, other = named[a], named[b]
+    ratios = [(one.epochs_per_pass / ta) / (other.epochs_per_pass / tb) for ta, tb in zip(one.seconds, other.seconds)]
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def _ratios(table: dict[str, dict[str, float]]) -> None:
@@ -280,8 +300,8 @@ def place_indexes(work: str, label: str, urls_by_reader: dict[str, list[str]]) -
 def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds: int) -> None:
     """ExactEpochs (shuffled, one process) by an index with member places: samples/s of an
     epoch, and the time to the first batch of a state resumed at 50% of the epoch."""
-    print(f"\nExactEpochs by an index with --places, shuffled (spans start mid-shard), one process "
-          f"(median of {rounds} rounds, alternating)\n")
+    print(f"\nExactEpochs by an index with --places, shuffled (spans start mid-shard), one process, "
+          f"{PER_ROUND} epochs a round (median of {rounds} rounds, alternating)\n")
     print("| shards | reader | samples/s, an epoch | MB/s | first batch resumed at 50% (ms) |")
     print("|---|---|---:|---:|---:|")
     work = tempfile.mkdtemp(prefix="bench-storage-index-")
@@ -293,11 +313,13 @@ def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds:
             counted: dict[str, tuple[int, int]] = {}
             for _, scheme in alternating(rounds, list(indexes)):
                 pipe = wd.ExactEpochs(indexes[scheme], batch_size=8, seed=1)
-                began, count, nbytes = time.perf_counter(), 0, 0
-                for sample in pipe:
-                    count += 1
-                    nbytes += sum(len(v) for k, v in sample.items() if not k.startswith("__"))
-                epoch_s.setdefault(scheme, []).append(time.perf_counter() - began)
+                began = time.perf_counter()
+                for _ in range(PER_ROUND):  # epochs 0, 1, 2: the same samples, each epoch's own order
+                    count, nbytes = 0, 0
+                    for sample in pipe:
+                        count += 1
+                        nbytes += sum(len(v) for k, v in sample.items() if not k.startswith("__"))
+                epoch_s.setdefault(scheme, []).append((time.perf_counter() - began) / PER_ROUND)
                 counted[scheme] = (count, nbytes)
                 state = wd.EpochState(epoch=0, batches=pipe.batches_per_epoch // 2)
                 began = time.perf_counter()
@@ -311,8 +333,10 @@ def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds:
                 print(f"| {label} | ours, {scheme}:// | {count / seconds:,.0f} | {nbytes / seconds / 1e6:,.0f} "
                       f"| {statistics.median(resume_s[scheme]) * 1000:,.0f} |")
             if "s3" in indexes:
+                pairs = [h / s for h, s in zip(epoch_s["http"], epoch_s["s3"])]
                 print(f"|  | s3:// / http:// | {statistics.median(epoch_s['http']) / statistics.median(epoch_s['s3']):.2f}"
-                      " (target >= 0.9) | | |")
+                      f" (target >= 0.9; each round's pair {statistics.median(pairs):.2f}, "
+                      f"{min(pairs):.2f}-{max(pairs):.2f}) | | |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
