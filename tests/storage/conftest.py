@@ -76,3 +76,4 @@ def forked(monkeypatch):
     if agent is not None:
         agent._proc.stdin.close()
         agent._proc.wait(timeout=30)
+        agent._proc.stdout.close()  # both pipes: none left to the garbage collector
