@@ -1,6 +1,6 @@
 """Writing shards from an ImageFolder tree: ours against ``cp -r``, webdataset's ShardWriter and LitData.
 
-    python benchmarks/bench_write.py [--files 4000] [--images 1600] [--rounds 9]
+    python benchmarks/bench_write.py [--files 4000] [--images 1600] [--rounds 9] [--index-pairs 3]
 
 The input: ``--files`` files of 50-150 KB of random bytes in 40 class folders, read once
 so they sit in the page cache. A copy-only conversion to shards of 1000 samples (each
