@@ -184,11 +184,9 @@ class Loader:
             self.loader = DataLoader(self.make(), batch_size=PER_MESSAGE, num_workers=WORKERS,
                                      collate_fn=functools.partial(_collate_tallies, _tally_named),
                                      persistent_workers=True)
-        elif self.generator_tally:
-            self.loader = DataLoader(_Tallied(self.make(), _tally), batch_size=None, num_workers=WORKERS,
-                                     persistent_workers=True)
-        else:
-            ds = self.make().map(_tally).batched(PER_MESSAGE, collation_fn=_add)
+        else:  # webdataset
+            ds = _Tallied(self.make(), _tally) if self.generator_tally else \
+                self.make().map(_tally).batched(PER_MESSAGE, collation_fn=_add)
             self.loader = DataLoader(ds, batch_size=None, num_workers=WORKERS, persistent_workers=True)
 
     def epoch(self) -> tuple[int, int]:

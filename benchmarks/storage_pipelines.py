@@ -267,7 +267,12 @@ def _paired(rows: list[Row], a: str, b: str) -> str:
     if a not in named or b not in named:
         return "(not measured)"
     one, other = named[a], named[b]
-    ratios = [(one.epochs_per_pass / ta) / (other.epochs_per_pass / tb) for ta, tb in zip(one.seconds, other.seconds)]
+    return _spread([(one.epochs_per_pass / ta) / (other.epochs_per_pass / tb)
+                    for ta, tb in zip(one.seconds, other.seconds)])
+
+
+def _spread(ratios: list[float]) -> str:
+    """Each round's ratio, summed up: its median and (range)."""
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
@@ -333,10 +338,9 @@ def exact_epochs(endpoint: str, bucket: str, sets: dict[str, list[str]], rounds:
                 print(f"| {label} | ours, {scheme}:// | {count / seconds:,.0f} | {nbytes / seconds / 1e6:,.0f} "
                       f"| {statistics.median(resume_s[scheme]) * 1000:,.0f} |")
             if "s3" in indexes:
-                pairs = [h / s for h, s in zip(epoch_s["http"], epoch_s["s3"])]
+                pairs = _spread([h / s for h, s in zip(epoch_s["http"], epoch_s["s3"])])
                 print(f"|  | s3:// / http:// | {statistics.median(epoch_s['http']) / statistics.median(epoch_s['s3']):.2f}"
-                      f" (target >= 0.9; each round's pair {statistics.median(pairs):.2f}, "
-                      f"{min(pairs):.2f}-{max(pairs):.2f}) | | |")
+                      f" (target >= 0.9; each round's pair {pairs}) | | |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
