@@ -9,9 +9,9 @@ sample its file and its class), in one process, timed per round, the median repo
 - ``cp -r``: the same bytes copied file by file (the disk's limit for this work);
 - webdataset 1.0.2's ``ShardWriter`` loop (read each file, ``write({"jpg": ..., "cls": ...})``);
 - LitData's ``optimize()`` (one worker, chunks of 1000 samples, its own format);
-- ours, ``write_shards(imagefolder_samples(...))``: files copied by the OS
-  (``os.copy_file_range``) into the shards, the index (offsets and member places) taken
-  in the same pass; and ours with the index switched off, for the index's cost.
+- ours, ``write_shards(imagefolder_samples(...))``: files read by the OS into the shard's
+  1 MB write buffer (``os.readv``), the index (offsets and member places) taken in the
+  same pass; and ours with the index switched off, for the index's cost.
 
 Then ``--images`` JPEGs (640x480, 50-150 KB) through a per-sample function (decode,
 resize to 320x240, re-encode), with 1 and 2 worker processes, in shards of 10 samples.
@@ -33,6 +33,7 @@ children: ``cp``, the workers) moves less with the load than the wall time does.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import resource
@@ -155,27 +156,47 @@ class IndexTime:
     (``shard_file._places``), each shard's progress record (``ProgressLog.record``, which the
     run without an index writes too, smaller: an upper bound) and the join into the index
     file (``writer.join_index``). Measured inside the run, it does not move with the
-    machine's noise as a difference of two whole runs does."""
+    machine's noise as a difference of two whole runs does.
+
+    Garbage collections that start inside those functions are counted apart
+    (``gc_seconds``): a collection pays for the objects of the whole run and starts in
+    whichever function happens to cross the allocation count. A full one took 200 ms here,
+    about 40% of a run of ours, in one run of ten (the back-to-back pairs count what the
+    index's objects add to the collections)."""
 
     def __init__(self):
         self.seconds = 0.0
+        self.gc_seconds = 0.0
+        self._inside = 0
+        self._collecting: float | None = None
 
     def run(self, src: str, dst: str) -> None:
         saved = shard_file._places, writer.join_index, progress.ProgressLog.record
         shard_file._places, writer.join_index = self._timed(saved[0]), self._timed(saved[1])
         progress.ProgressLog.record = self._timed(saved[2])
+        gc.callbacks.append(self._collection)
         try:
             run_ours(src, dst)
         finally:
+            gc.callbacks.remove(self._collection)
             shard_file._places, writer.join_index, progress.ProgressLog.record = saved
+
+    def _collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._collecting = time.process_time() if self._inside else None
+        elif self._collecting is not None:
+            self.gc_seconds += time.process_time() - self._collecting
+            self._collecting = None
 
     def _timed(self, function):
         def timed(*args, **kwargs):
-            started = time.process_time()
+            started, collected = time.process_time(), self.gc_seconds
+            self._inside += 1
             try:
                 return function(*args, **kwargs)
             finally:
-                self.seconds += time.process_time() - started
+                self._inside -= 1
+                self.seconds += time.process_time() - started - (self.gc_seconds - collected)
         return timed
 
 
@@ -262,9 +283,12 @@ def main() -> None:
             goal(f"index in the same pass, time over none, median of {len(with_index)} back-to-back pairs",
                  statistics.median(a[0] / b[0] for a, b in zip(with_index, without)) - 1, 0.05,
                  statistics.median(a[1] / b[1] for a, b in zip(with_index, without)) - 1, more=False)
-        own = index_time.seconds / (sum(cpu["ours"]) + sum(c for _, c in pairs["ours"]))  # every run of ours
+        ours_cpu = sum(cpu["ours"]) + sum(c for _, c in pairs["ours"])  # every run of ours
+        own = index_time.seconds / ours_cpu
         goal("index in the same pass, its own CPU time over the rest of ours", own / (1 - own), 0.05, own / (1 - own),
              more=False)
+        print(f"  (garbage collections that started inside the index's functions, not counted there: "
+              f"{index_time.gc_seconds / ours_cpu:.3f} of ours' CPU time)")
         goal("function, 2 workers / 1 worker", rate["ours + function, 2 workers"] / rate["ours + function, 1 worker"],
              1.7, 2 * per_file["ours + function, 1 worker"] / per_file["ours + function, 2 workers"])
         print(f"load average at the end {os.getloadavg()[0]:.1f}")

@@ -19,8 +19,9 @@ from wds_datapipes.decoding.encoding import encode_sample
 from wds_datapipes.epochs.exact_epochs import ExactEpochs
 from wds_datapipes.epochs.index import ShardIndex, scan_shard
 from wds_datapipes.epochs.places import MemberPlaces
+from wds_datapipes.handlers import ignore_and_continue
 from wds_datapipes.shards.grouping import split_key
-from wds_datapipes.writing import FileBytes, join_index, write_shards
+from wds_datapipes.writing import FileBytes, join_index, shard_file, write_shards
 from wds_datapipes.writing.plan import ShardPlanner, assign_shards, sample_cost
 from wds_datapipes.writing.shard_file import check_fields, name_problem
 
@@ -201,6 +202,73 @@ def test_files_are_copied_into_the_shard_byte_for_byte(tmp_path):
                  str(tmp_path / "out/s-%02d.tar"))
     with tarfile.open(tmp_path / "out/s-00.tar") as tar:
         assert [tar.extractfile(m).read() for m in tar] == [p.read_bytes() for p in paths]
+
+
+_SIZES = st.sampled_from([0, 1, 511, 512, 513, 3000, 4095, 4096, 4097, 8191, 13_000])
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(_SIZES, min_size=1, max_size=8), texts=st.lists(st.booleans(), min_size=8, max_size=8))
+def test_files_and_values_across_the_write_buffers_edges_read_back_with_tarfile_and_a_scan(
+        tmp_path_factory, sizes, texts):
+    """oracles: tarfile reads every member back with the files' own bytes; a fresh scan of the
+    written shard finds the offsets and places the writer recorded. The write buffer is cut to
+    4 KB so files end, start and pass it at every offset (with a small value between some)."""
+    folder = tmp_path_factory.mktemp("edges")
+    rng = np.random.default_rng(len(sizes))
+    samples, expected = [], []
+    for i, size in enumerate(sizes):
+        path = folder / f"in{i}.bin"
+        path.write_bytes(rng.bytes(size))
+        sample = {"__key__": f"k{i}", "bin": FileBytes(str(path))}
+        expected.append((f"k{i}.bin", path.read_bytes()))
+        if texts[i]:
+            sample["txt"] = "x" * (i * 700)
+            expected.append((f"k{i}.txt", sample["txt"].encode()))
+        samples.append(sample)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shard_file, "_BUFFER", 4096)
+        write_shards(samples, str(folder / "out/s-%02d.tar"), fsync=False)
+    shard = str(folder / "out/s-00.tar")
+    with tarfile.open(shard) as tar:
+        assert [(m.name, tar.extractfile(m).read()) for m in tar] == expected
+    index, fresh = ShardIndex.load(str(folder / "out/index.json")), scan_shard(shard, places=True)
+    assert list(index.offsets_array()) == list(fresh.offsets)
+    got = index.places.shard_places(0)
+    assert got.names == fresh.places.names
+    for column in ("data", "sizes", "samples"):
+        assert list(getattr(got, column)) == list(getattr(fresh.places, column)), column
+
+
+@pytest.mark.parametrize("short", [1, 2])
+def test_a_file_that_ends_short_of_its_size_is_cut_out_whole_and_named(tmp_path, monkeypatch, short):
+    """oracle: the same shard written without the short file, byte for byte (the writer is
+    deterministic), and tarfile reading it to its end; the report names the short file. With
+    a 4 KB buffer part of the short file was written out before it ended."""
+    monkeypatch.setattr(shard_file, "_BUFFER", 4096)
+    paths = []
+    for i in range(3):
+        paths.append(tmp_path / f"in{i}.bin")
+        paths[-1].write_bytes(bytes([i]) * 10_000)
+    samples = [{"__key__": f"k{i}", "bin": FileBytes(str(p)), "__source__": p.name} for i, p in enumerate(paths)]
+    write_shards([s for i, s in enumerate(samples) if i != short], str(tmp_path / "clean/s-%02d.tar"), fsync=False)
+    stat = os.fstat
+
+    def fstat(fd):  # the short file says it is 10 bytes longer than it is (as if cut while copied)
+        result = stat(fd)
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f"in{short}.bin"):
+            return os.stat_result((*result[:6], result.st_size + 10, *result[7:]))
+        return result
+
+    monkeypatch.setattr(shard_file.os, "fstat", fstat)
+    report = write_shards(samples, str(tmp_path / "out/s-%02d.tar"), fsync=False, handler=ignore_and_continue)
+    assert report.written == 2
+    why = "OSError: [Errno 5] the file ended 10 bytes short of its size 10010 (changed while it was copied)"
+    assert report.skipped == [(f"in{short}.bin", why)]
+    assert (tmp_path / "out/s-00.tar").read_bytes() == (tmp_path / "clean/s-00.tar").read_bytes()
+    with tarfile.open(tmp_path / "out/s-00.tar") as tar:
+        assert [(m.name, tar.extractfile(m).read()) for m in tar] == [
+            (f"k{i}.bin", paths[i].read_bytes()) for i in range(3) if i != short]
 
 
 def test_a_map_function_runs_in_the_workers_and_its_output_is_written(tmp_path):
