@@ -168,6 +168,16 @@ def test_no_module_is_longer_than_a_reader_can_hold(name):
     assert lines <= LONGEST, f"{name} has {lines} lines: split it where a natural seam is"
 
 
+_SCRIPTS = sorted(str(p.relative_to(ROOT)) for folder in ("benchmarks", "examples", "tests")
+                  for p in (ROOT / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _SCRIPTS)
+def test_no_benchmark_example_or_test_file_is_longer_either(path):
+    lines = len((ROOT / path).read_text().splitlines())
+    assert lines <= LONGEST, f"{path} has {lines} lines: split it where a natural seam is"
+
+
 def test_the_checks_above_would_see_a_circle_and_an_upward_import():
     """The graph these tests read is the real one: known edges are in it, lazy and
     annotation-only imports included, and a circle in a graph is found."""
