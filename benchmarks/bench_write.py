@@ -161,7 +161,7 @@ class IndexTime:
     Garbage collections that start inside those functions are counted apart
     (``gc_seconds``): a collection pays for the objects of the whole run and starts in
     whichever function happens to cross the allocation count. A full one took 200 ms here,
-    about 40% of a run of ours, in one run of ten (the back-to-back pairs count what the
+    about 40% of a run of ours, in 2 of 30 runs (the back-to-back pairs count what the
     index's objects add to the collections)."""
 
     def __init__(self):
