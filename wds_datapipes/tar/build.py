@@ -6,7 +6,10 @@ Headers are deterministic by default: mtime 0, uid and gid 0, no user or group n
 mode 0o444, so the same members give the same bytes on every machine. A name that does
 not fit the ustar name field (100 bytes, or a 155-byte prefix split at a ``/``), a name
 that is not ASCII, and a size of 8 GiB or more go into a PAX header before the member,
-as POSIX and tarfile's PAX format write them.
+as POSIX and tarfile's PAX format write them. A name that is not UTF-8 (a ``str`` holding
+a file name's bytes by ``surrogateescape``, as ``os.listdir`` gives them) keeps its bytes
+in its PAX ``path`` record, as GNU tar writes it (tarfile and GNU tar read the same bytes back).
+:func:`header_size` is what the shard planner counts: the size of these headers.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ def _ustar_name(name: bytes) -> tuple[bytes, bytes] | None:
 
 
 def pax_record(key: str, value: str) -> bytes:
-    """One PAX record, ``"<length> <key>=<value>\\n"``, its length counting its own digits."""
-    body = b" " + key.encode("utf-8") + b"=" + value.encode("utf-8") + b"\n"
+    """One PAX record, ``"<length> <key>=<value>\\n"``, its length counting its own digits; a
+    value's undecodable bytes (``surrogateescape``: a file name that is not UTF-8) as they were."""
+    body = b" " + key.encode("utf-8") + b"=" + value.encode("utf-8", "surrogateescape") + b"\n"
     length = len(body) + 1
     while len(str(length)) + len(body) != length:
         length = len(str(length)) + len(body)
@@ -96,14 +100,14 @@ def member_header(name: str, size: int, *, mtime: int = 0, mode: int = 0o444) ->
     """
     if size < 0 or mtime < 0:
         raise ValueError(f"a member's size and mtime must be >= 0 (got {size}, {mtime})")
-    encoded = name.encode("utf-8", "surrogateescape")
-    if 0 < len(encoded) <= 100 and size <= _MAX_OCTAL_SIZE and mtime <= _MAX_OCTAL_SIZE and encoded.isascii() \
-            and b"\0" not in encoded:  # the common case: one ustar block; its checksum is the fixed
-        # fields' sum plus the name's and size's (adler32's low half: 1 + the byte sum, exact below 65521)
+    if _one_block(name, size, mtime) and "\0" not in name:  # the common case: one ustar block; its checksum
+        # is the fixed fields' sum plus the name's and size's (adler32's low half: 1 + the byte sum, exact below 65521)
+        encoded = name.encode("ascii")
         head, middle, base, tail = _parts(mtime, mode)
         digits = b"%011o\0" % size
         return b"".join((encoded.ljust(100, b"\0"), head, digits, middle,
                          b"%06o\0 " % (base + (zlib.adler32(digits, zlib.adler32(encoded)) & 0xFFFF) - 1), tail))
+    encoded = name.encode("utf-8", "surrogateescape")  # a file name's undecodable bytes as they were
     if not name or b"\0" in encoded:
         raise ValueError(f"a member name must be non-empty without NUL bytes: {name!r}")
     split = _ustar_name(encoded) if encoded.isascii() else None
@@ -124,6 +128,24 @@ def member_header(name: str, size: int, *, mtime: int = 0, mode: int = 0o444) ->
         records + padding(len(records)) + head
 
 
+def _one_block(name: str, size: int, mtime: int) -> bool:
+    """Whether a member named ``name`` gets one ustar block and no PAX header (given no NUL in
+    it): an ASCII name of 1-100 bytes, a size and an mtime that fit their octal fields."""
+    return name.isascii() and 0 < len(name) <= 100 and size <= _MAX_OCTAL_SIZE and mtime <= _MAX_OCTAL_SIZE
+
+
+def header_size(name: str, size: int, *, mtime: int = 0) -> int:
+    """How many bytes :func:`member_header` writes before a member's data: 512, or more where
+    the name, size or mtime need a PAX header (the shard planner's count of them: the same code).
+
+    Raises :class:`ValueError` for a name :func:`member_header` refuses (empty, a NUL) and
+    :class:`UnicodeEncodeError` for one it cannot encode.
+    """
+    if _one_block(name, size, mtime) and "\0" not in name:
+        return BLOCK
+    return len(member_header(name, size, mtime=mtime))
+
+
 def _fallback_name(encoded: bytes) -> bytes:
     """The ustar name field under a PAX path: its last 100 bytes' ASCII, for readers without PAX."""
     tail = encoded[-100:].decode("ascii", "replace").encode("ascii", "replace")
@@ -140,4 +162,4 @@ def build_tar(members: Iterable[tuple[str, bytes]], *, mtime: int = 0, mode: int
     return b"".join(member_bytes(name, data, mtime=mtime, mode=mode) for name, data in members) + END
 
 
-__all__ = ["END", "build_tar", "member_bytes", "member_header", "padding", "pax_record", "ustar_block"]
+__all__ = ["END", "build_tar", "header_size", "member_bytes", "member_header", "padding", "pax_record", "ustar_block"]

@@ -16,22 +16,34 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
+from ..errors import ShardWriteError
+from ..tar.build import header_size
 from ..tar.headers import BLOCK
 
 
-def member_cost(name_bytes: int, size: int) -> int:
-    """The tar bytes one member takes: its header (with a PAX header where its name needs
-    one, roughly) and its data padded to a block."""
-    header = BLOCK if name_bytes <= 100 else 3 * BLOCK + name_bytes
-    return header + -(-size // BLOCK) * BLOCK
+def member_cost(name: str, size: int) -> int:
+    """The tar bytes one member named ``name`` takes: its header, as the tar builder writes it
+    (:func:`~wds_datapipes.tar.build.header_size`: one block, or a PAX header before it), and
+    its data padded to a block."""
+    return header_size(name, size) + -(-size // BLOCK) * BLOCK
 
 
 def sample_cost(key: str, fields: Sequence[tuple[str, int]]) -> int:
-    """The tar bytes of a sample from its key and its (suffix, size) fields."""
-    length = len(key.encode("utf-8", "surrogateescape")) + 1
+    """The tar bytes of a sample from its key and its (suffix, size) fields: exactly what the
+    writer writes for them (member names ``<key>.<suffix>``).
+
+    Raises :class:`~wds_datapipes.errors.ShardWriteError` for a name no tar holds: one with
+    a NUL, or a lone surrogate that is not a file name's undecodable byte."""
     total = 0
     for suffix, size in fields:  # a loop, not sum() of a generator: once a sample, in the writer's parent
-        total += member_cost(length + len(suffix.encode()), size)
+        try:
+            total += member_cost(f"{key}.{suffix}", size)
+        except UnicodeEncodeError as exn:
+            raise ShardWriteError(f"the member name {key}.{suffix!r} cannot be written: {exn.reason} at "
+                                  f"{exn.start} (a name must be text, or a file name's bytes as os.listdir "
+                                  "gives them)", key=key) from None
+        except ValueError as exn:  # a NUL in the name
+            raise ShardWriteError(str(exn), key=key) from None
     return total
 
 
