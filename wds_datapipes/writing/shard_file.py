@@ -125,6 +125,7 @@ class ShardResult:
     scan: ShardScan
     written: int
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (input, why)
+    mapped: dict[str, str] | None = None  # with a map: each key it gave, and its input (checked across shards)
 
 
 class _Output:
@@ -274,7 +275,7 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
     else:
         scan = ShardScan(path, len(starts), stamp[0], np.asarray(starts, dtype=np.int64),
                          places=_places(path, members, counts, stamp, keys))
-    return ShardResult(shard, scan, len(starts), skipped)
+    return ShardResult(shard, scan, len(starts), skipped, keys.mapped if map_fn is not None else None)
 
 
 class _Keys:
@@ -287,6 +288,7 @@ class _Keys:
         self.last: object = None  # the key of the last sample written
         self.written: list[str] = []
         self.suffixes: list[str] = []
+        self.mapped: dict[str, str] = {}  # with a map: the keys it gave in this shard, and their inputs
 
     def add(self, key: object, checked: bool) -> None:
         self.plain = self.plain and checked and key != self.last
@@ -310,17 +312,21 @@ def _places(path: str, members: list[tuple[str, int, int]], counts: list[int], s
 def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, map_fn, members: list,
                   skipped: list, checked: bool | None, keys: _Keys) -> None:
     if map_fn is not None:
+        source = str(sample.get("__source__", key))
         mapped = map_fn(_loaded(sample))
         if mapped is None:
-            skipped.append((str(sample.get("__source__", key)), "left out by the map function"))
+            skipped.append((source, "left out by the map function"))
             return
         sample, key = mapped, mapped.get("__key__", key)
     fields = [name for name in sample if not name.startswith("_")]
     check = map_fn is not None or checked is None
     problem = check_fields(key, fields) if check else None
+    if problem is None and map_fn is not None and key in keys.mapped:  # the writer checked the input's keys
+        problem = (f"the map gave it the key {key!r}, which it gave {keys.mapped[key]!r} before in this shard "
+                   "(keys must be unique: readers would merge or repeat them)")
     if problem is not None:  # (the writer checked the input's names: only a map's output needs it)
         raise ShardWriteError(problem, key=key if isinstance(key, str) else None,
-                              source=str(sample.get("__source__", key)))
+                              source=source if map_fn is not None else str(sample.get("__source__", key)))
     keys.add(key, check or bool(checked))
     mtime, mode = options.mtime, options.mode
     for suffix in fields:
@@ -338,6 +344,8 @@ def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, 
         keys.suffixes.append(suffix)
     if fields:  # written whole (a failure above leaves it out)
         keys.written.append(key)
+        if map_fn is not None:
+            keys.mapped[key] = source
 
 
 def _remove(path: str) -> None:

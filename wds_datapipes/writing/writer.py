@@ -366,6 +366,7 @@ class _Shards:
         self.workers, self.options, self.handler, self.map_fn = workers, options, handler, map_fn
         self.pattern, self.publish = pattern, publish
         self.plans: dict[int, tuple[int, str, str]] = {}
+        self.mapped: dict[str, tuple[int, str]] = {}  # with a map: each key it gave, its shard and input
         self.pending: set[Future] = set()
         self.pool: ProcessPoolExecutor | None = None
 
@@ -403,8 +404,25 @@ class _Shards:
         finished = []
         for result in results:
             plan = self.plans.pop(result.shard)
+            if result.mapped:
+                self._check_mapped(result)
             finished += [(result, plan)] if self.publish is None else self.publish.add(result, plan)
         return finished
+
+    def _check_mapped(self, result: ShardResult) -> None:
+        """Stops the run where the map gave a key of this shard in another shard too (each
+        shard's worker checks its own): the shard finished second is removed, whatever the
+        handler (both are written by then: neither sample can be skipped any more)."""
+        for key, source in result.mapped.items():  # type: ignore[union-attr]
+            if key in self.mapped:
+                shard, first = self.mapped[key]
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.pattern % result.shard)
+                raise ShardWriteError(f"the map gave the key {key!r} to this input in shard {result.shard} and to "
+                                      f"{first!r} in shard {shard} (keys must be unique: readers would repeat "
+                                      "them; a repeat across shards stops the run whatever the handler)",
+                                      shard=self.pattern % result.shard, key=key, source=source)
+        self.mapped.update((key, (result.shard, source)) for key, source in result.mapped.items())  # type: ignore[union-attr]
 
     def __exit__(self, *exc) -> None:
         if self.pool is not None:
