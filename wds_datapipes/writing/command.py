@@ -25,6 +25,7 @@ from .sources import folder_samples, imagefolder_samples, manifest_samples, shar
 from .writer import write_shards
 
 LAYOUTS = ("auto", "folder", "imagefolder", "manifest", "parquet", "shards")
+_LISTED = 1000  # the most left-out files the report names one by one
 
 
 def add_create_command(commands) -> None:
@@ -61,6 +62,9 @@ def add_create_command(commands) -> None:
                         "else <file>/<row>)")
     create.add_argument("--skip-bad", action="store_true", help="skip bad inputs (listed at the end) "
                         "instead of stopping at the first")
+    create.add_argument("--allow-outside", action="store_true", help="take files that manifest or Parquet paths, "
+                        "or symbolic links in a folder, name outside the input's folder (refused by default: "
+                        "see docs/security.md)")
     create.add_argument("--rank", type=int, help="this machine's rank (default: torchrun's or SLURM's)")
     create.add_argument("--world", type=int, help="how many machines write (default: torchrun's or SLURM's)")
     create.add_argument("--join", action="store_true", help="only join the ranks' finished records into the index")
@@ -103,11 +107,15 @@ def _layout(args: argparse.Namespace) -> str:
     return "folder"
 
 
-def _samples(args: argparse.Namespace, layout: str, store=None) -> tuple[Iterator[dict], int | None]:
-    """The input's samples, and how many there will be where that is cheap to know (for the ETA)."""
+def _samples(args: argparse.Namespace, layout: str, store=None,
+             left_out: list[str] | None = None) -> tuple[Iterator[dict], int | None]:
+    """The input's samples, and how many there will be where that is cheap to know (for the ETA);
+    ``left_out`` gets the files an ImageFolder tree holds that are not images."""
+    outside = args.allow_outside
     if layout == "parquet":
         columns = None if args.columns is None else [c for c in args.columns.split(",") if c]
-        return parquet_samples(args.sources, columns=columns, key=args.key_column), parquet_rows(args.sources)
+        return (parquet_samples(args.sources, columns=columns, key=args.key_column, allow_outside=outside),
+                parquet_rows(args.sources))
     if layout == "shards":
         select = None if args.select is None else [f.strip().lower() for f in args.select.split(",") if f.strip()]
         return shard_samples(args.sources, keys=args.keys, where=args.where, select=select, store=store), None
@@ -115,13 +123,14 @@ def _samples(args: argparse.Namespace, layout: str, store=None) -> tuple[Iterato
         raise ValueError(f"the {layout} layout reads one SOURCE, not {len(args.sources)}")
     source = args.sources[0]
     if layout == "manifest":
-        return manifest_samples(source), None
-    if layout == "imagefolder":
-        listed = list(imagefolder_samples(source))  # file names and sizes only: the bytes are read later
+        return manifest_samples(source, allow_outside=outside), None
+    if layout == "imagefolder":  # file names and sizes only: the bytes are read later
+        listed = list(imagefolder_samples(source, allow_outside=outside, left_out=left_out))
         return iter(listed), len(listed)
     names = [n for n in args.field_names.split(",") if n]
     extensions = None if args.extensions is None else args.extensions.split(",")
-    listed = list(folder_samples(source, extensions=extensions, fields_file=args.fields, field_names=names))
+    listed = list(folder_samples(source, extensions=extensions, fields_file=args.fields, field_names=names,
+                                 allow_outside=outside))
     return iter(listed), len(listed)
 
 
@@ -148,7 +157,8 @@ def run_create(args: argparse.Namespace) -> int:
         print(f"{index}: {len(joined)} shards, {joined.total} samples", file=sys.stderr)
         return 0
     layout = _layout(args)
-    samples, total = _samples(args, layout, store)
+    left_out: list[str] = []
+    samples, total = _samples(args, layout, store, left_out)
     if args.shuffle_seed is not None:
         buckets = max(1, -(-_input_bytes(args, layout) // args.shuffle_memory))
         samples = shuffled(samples, args.shuffle_seed, buckets,
@@ -162,6 +172,14 @@ def run_create(args: argparse.Namespace) -> int:
             max_field_bytes=args.max_field_bytes, spool=args.spool, uploads=args.uploads, store=store)
     print(f"{layout} {' '.join(args.sources)} -> {args.output} (rank {rank} of {world})", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
+    if left_out:
+        from .sources import IMAGE_EXTENSIONS
+
+        print(f"left out {len(left_out)} file(s) that are not images (torchvision's ImageFolder extensions: "
+              f"{' '.join(IMAGE_EXTENSIONS)}):", file=sys.stderr)
+        print("".join(f"  left out {path}\n" for path in left_out[:_LISTED]), end="", file=sys.stderr)
+        if len(left_out) > _LISTED:
+            print(f"  ... and {len(left_out) - _LISTED} more", file=sys.stderr)
     if report.index is not None:
         print(f"{index}: {len(report.index)} shards, {report.index.total} samples", file=sys.stderr)
     elif world > 1:

@@ -11,6 +11,8 @@ default; else ``<file stem>/<row number>``), one field per column:
   file at ``path`` (relative to the Parquet file); not renamed, the field is named by the
   path's extension (``image`` with path ``0001.jpg`` becomes field ``jpg``);
 - a string column named ``<suffix>_path``: the file it names, as field ``<suffix>``;
+- a path of either kind that resolves outside the Parquet file's folder (absolute, ``..``,
+  a symbolic link leading out) makes its row a bad input, unless ``allow_outside``;
 - text: UTF-8; numbers and booleans: their text (``cls`` reads back as an int); lists and
   other structs: JSON;
 - a null: no field (``require=`` then reports the sample).
@@ -32,7 +34,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..threads import ordered_map, worker_threads
 from .plan import Counted, groups_to_read, row_shard, writes_shard
-from .shard_file import PROBLEMS, FileBytes
+from .shard_file import PROBLEMS
+from .sources import path_field
 
 PARQUET_SUFFIXES = (".parquet", ".parq")
 _BATCH = 1024
@@ -82,13 +85,14 @@ def _columns(names: Sequence[str], columns: Sequence[str] | None, key: str | Non
 
 
 def parquet_samples(specs: Iterable[str], *, columns: Sequence[str] | None = None,
-                    key: str | None = None) -> ParquetSamples:
+                    key: str | None = None, allow_outside: bool = False) -> ParquetSamples:
     """Samples of the rows of Parquet files (files, folders, globs), in file and row order,
     read a row group at a time, projected to the key column and ``columns``
     (``"name"`` or ``"name:field"``; default: every column). An iterator; given to
     :func:`~wds_datapipes.writing.write_shards` without ``maxsize``, a rank of several reads
-    only the row groups of its own shards (:meth:`ParquetSamples.for_rank`)."""
-    return ParquetSamples(specs, columns=columns, key=key)
+    only the row groups of its own shards (:meth:`ParquetSamples.for_rank`). ``allow_outside``:
+    take files that a path column names outside the Parquet file's folder (refused by default)."""
+    return ParquetSamples(specs, columns=columns, key=key, allow_outside=allow_outside)
 
 
 class ParquetSamples:
@@ -96,8 +100,9 @@ class ParquetSamples:
     for the writer's plan by place: :meth:`for_rank` reads only the row groups holding rows of
     one rank's shards and yields a :class:`~.plan.Counted` (its key only) for each other row."""
 
-    def __init__(self, specs: Iterable[str], *, columns: Sequence[str] | None = None, key: str | None = None):
-        self.specs, self.columns, self.key = list(specs), columns, key
+    def __init__(self, specs: Iterable[str], *, columns: Sequence[str] | None = None, key: str | None = None,
+                 allow_outside: bool = False):
+        self.specs, self.columns, self.key, self.allow_outside = list(specs), columns, key, allow_outside
         self._all: Iterator[dict] | None = None
 
     def __iter__(self) -> ParquetSamples:
@@ -136,6 +141,7 @@ class ParquetSamples:
                 read = ([key_column] if key_column is not None else []) + [c for c in fields if c != key_column]
                 groups = [True] * reader.num_row_groups if wanted is None else wanted[number]
                 base = os.path.dirname(os.path.abspath(path))
+                place = (base, os.path.realpath(base), self.allow_outside)  # where its path columns may lead
                 stem = os.path.basename(path).split(".")[0]
                 row = 0
 
@@ -158,7 +164,7 @@ class ParquetSamples:
                         for batch in table.to_batches(_BATCH):
                             for values in batch.to_pylist():
                                 if mine is None or mine(counted + row):
-                                    yield _sample(values, key_column, fields, f"{path}:{row}", stem, row, base)
+                                    yield _sample(values, key_column, fields, f"{path}:{row}", stem, row, place)
                                 else:  # another rank's row in a group that straddles shards
                                     yield Counted(_key(values[key_column] if key_column is not None else None,
                                                        key_column, stem, row))
@@ -176,7 +182,8 @@ def _key(value: object, key_column: str | None, stem: str, row: int) -> str | No
 
 
 def _sample(values: dict, key_column: str | None, fields: dict, source: str, stem: str, row: int,
-            base: str) -> dict:
+            place: tuple[str, str, bool]) -> dict:
+    base, root, allow_outside = place
     key = _key(values[key_column] if key_column is not None else None, key_column, stem, row)
     sample: dict = {"__key__": key, "__source__": source}
     if key in (None, ""):
@@ -193,16 +200,18 @@ def _sample(values: dict, key_column: str | None, fields: dict, source: str, ste
             if value["bytes"] is not None:
                 value = value["bytes"]
             elif picked:
-                value, name = os.path.join(base, picked), name + "_path"
+                value, name = picked, name + "_path"
             else:
                 continue
         if name.endswith("_path") and isinstance(value, str):
             name = name[: -len("_path")]
-            value = os.path.join(base, value)
             try:
-                value = FileBytes(value, os.stat(value).st_size)
+                value = path_field(base, value, root, allow_outside)
+            except ValueError as exn:
+                sample.setdefault(PROBLEMS, []).append(f"field {name!r}: {exn}")
+                continue
             except OSError as exn:
-                sample.setdefault(PROBLEMS, []).append(f"field {name!r}: cannot read {value!r} "
+                sample.setdefault(PROBLEMS, []).append(f"field {name!r}: cannot read {os.path.join(base, value)!r} "
                                                        f"({exn.strerror or exn})")
                 continue
         elif isinstance(value, (bool, int, float)):

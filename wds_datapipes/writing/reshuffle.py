@@ -7,21 +7,25 @@ one shuffled uniformly make every order of the whole dataset equally likely, wit
 one bucket (about ``total bytes / buckets``) in memory. The random choices are pure
 functions of the seed (:func:`bucket_numbers`, :func:`bucket_order`): the same input,
 seed and bucket count give the same order, so a resumed conversion plans the same shards.
+
+A bucket holds the sample dicts as they came, pickled (their fields as they are: bytes,
+text, numbers, a :class:`~.shard_file.FileBytes` still only a file's name; their key,
+``__source__`` and the reader's ``__problems__`` too, so a bad input stays one after the
+shuffle). The buckets are this process's own files, in a folder it made (``mkdtemp``: only
+its user can write there), written and read back by it alone; no pickle from elsewhere is
+ever loaded.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from ..tar import iter_tar_members
-from ..tar.build import END, member_bytes
-
-_SOURCE = "__source__"
 _DRAW = 4096
 
 
@@ -40,25 +44,24 @@ def bucket_order(seed: int, bucket: int, count: int) -> list[int]:
 
 
 def shuffled(samples: Iterable[dict], seed: int, buckets: int, workdir: str | None = None) -> Iterator[dict]:
-    """``samples`` (fields as bytes, as :func:`~.sources.shard_samples` gives them) in a seeded random order.
+    """``samples`` (sample dicts of any input: shards, folders, manifests, Parquet) in a seeded random order.
 
-    The buckets are tar files in a fresh folder under ``workdir`` (default: the system's
+    The buckets are files in a fresh folder under ``workdir`` (default: the system's
     temporary folder), removed when this generator ends.
     """
     folder = tempfile.mkdtemp(prefix=".wds-shuffle-", dir=workdir)
     try:
-        paths = [os.path.join(folder, f"bucket-{n:06d}.tar") for n in range(buckets)]
+        paths = [os.path.join(folder, f"bucket-{n:06d}.pickle") for n in range(buckets)]
         outs = [open(path, "wb") for path in paths]  # noqa: SIM115 - all held for the first pass
         try:
             for sample, bucket in zip(samples, bucket_numbers(seed, buckets)):
-                outs[bucket].write(_sample_bytes(sample))
+                pickle.dump(sample, outs[bucket], protocol=pickle.HIGHEST_PROTOCOL)
         finally:
             for out in outs:
-                out.write(END)
                 out.close()
         for bucket, path in enumerate(paths):
             with open(path, "rb") as stream:
-                held = list(_read_bucket(stream, path))
+                held = list(_read_bucket(stream))
             os.remove(path)
             for at in bucket_order(seed, bucket, len(held)):
                 yield held[at]
@@ -67,26 +70,13 @@ def shuffled(samples: Iterable[dict], seed: int, buckets: int, workdir: str | No
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _sample_bytes(sample: dict) -> bytes:
-    """A sample as members, its ``__source__`` first (which also marks where each sample starts)."""
-    key = sample["__key__"]
-    parts = [member_bytes(f"{key}.{_SOURCE}", str(sample.get(_SOURCE, key)).encode("utf-8", "surrogateescape"))]
-    parts += [member_bytes(f"{key}.{name}", bytes(value)) for name, value in sample.items() if not name.startswith("_")]
-    return b"".join(parts)
-
-
-def _read_bucket(stream, url: str) -> Iterator[dict]:
-    sample: dict | None = None
-    for name, data in iter_tar_members(stream, url):
-        key, _, suffix = name.rpartition(".") if name.endswith("." + _SOURCE) else name.partition(".")
-        if suffix == _SOURCE:
-            if sample is not None:
-                yield sample
-            sample = {"__key__": key, _SOURCE: bytes(data).decode("utf-8", "surrogateescape")}
-        else:
-            sample[name[len(sample["__key__"]) + 1:]] = bytes(data)
-    if sample is not None:
-        yield sample
+def _read_bucket(stream) -> Iterator[dict]:
+    """The samples of a bucket this process wrote (see the module's note on pickles), in order."""
+    while True:
+        try:
+            yield pickle.load(stream)  # our own file: written by this process, in its own folder
+        except EOFError:
+            return
 
 
 __all__ = ["bucket_numbers", "bucket_order", "shuffled"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import fnmatch
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -24,19 +25,56 @@ from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
 from ..tar import iter_tar_members
 from .shard_file import PROBLEMS, FileBytes
 
+logger = logging.getLogger("wds_datapipes")
 
-def _files(root: str) -> Iterator[tuple[str, os.DirEntry]]:
-    """(path relative to ``root``, entry) of every file under ``root``, sorted, hidden ones left out."""
-    with os.scandir(root) as scan:
+
+# torchvision's ImageFolder takes files with these extensions (torchvision.datasets.folder.IMG_EXTENSIONS)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+_OUTSIDE = "allow_outside=True, --allow-outside: take it"
+
+
+def _inside(path: str, root: str) -> bool:
+    """Whether the resolved ``path`` is ``root`` (resolved) or under it."""
+    return path == root or path.startswith(root if root.endswith(os.sep) else root + os.sep)
+
+
+def _entry_problem(entry: os.DirEntry, root: str, allow_outside: bool) -> str | None:
+    """Why a folder's entry cannot be taken, or None: a symbolic link that leads nowhere, one
+    that leads outside ``root`` (a resolved path; unless ``allow_outside``), or neither a
+    file nor a folder (a FIFO, a socket, a device: a copy could wait forever or read garbage)."""
+    if entry.is_symlink():
+        target = os.path.realpath(entry.path)
+        if not os.path.exists(target):
+            return f"a symbolic link to {os.readlink(entry.path)!r}, which does not exist (a dangling link)"
+        if not allow_outside and not _inside(target, root):
+            return f"a symbolic link to {target!r}, outside the input folder {root!r} ({_OUTSIDE})"
+    if not entry.is_dir() and not entry.is_file():
+        return "not a regular file nor a folder (a FIFO, socket or device)"
+    return None
+
+
+def _files(folder: str, root: str, allow_outside: bool = False,
+           within: tuple[str, ...] = ()) -> Iterator[tuple[str, os.DirEntry, str | None]]:
+    """(path relative to ``folder``, entry, why it cannot be taken or None) of every file under
+    ``folder``, sorted, hidden ones left out. Symbolic links are followed inside ``root`` (a
+    resolved path); one leading outside it, one leading nowhere and a link back into a folder
+    being listed (a loop) come with their reason, as does anything that is not a file."""
+    within = within or (os.path.realpath(folder),)
+    with os.scandir(folder) as scan:
         entries = sorted(scan, key=lambda e: e.name)
     for entry in entries:
         if entry.name.startswith("."):
             continue
-        if entry.is_dir(follow_symlinks=True):
-            for relative, inner in _files(entry.path):
-                yield os.path.join(entry.name, relative), inner
-        elif entry.is_file(follow_symlinks=True):
-            yield entry.name, entry
+        problem = _entry_problem(entry, root, allow_outside)
+        if problem is None and entry.is_dir():
+            real = os.path.realpath(entry.path) if entry.is_symlink() else os.path.join(within[-1], entry.name)
+            if real in within:
+                problem = f"a symbolic link back to the folder {real!r} it stands in (a loop)"
+            else:
+                for relative, inner, why in _files(entry.path, root, allow_outside, (*within, real)):
+                    yield os.path.join(entry.name, relative), inner, why
+                continue
+        yield entry.name, entry, problem
 
 
 def read_fields_file(path: str, names: Sequence[str]) -> dict[str, dict]:
@@ -54,22 +92,26 @@ def read_fields_file(path: str, names: Sequence[str]) -> dict[str, dict]:
 
 
 def folder_samples(root: str, *, extensions: Iterable[str] | None = None, fields_file: str | None = None,
-                   field_names: Sequence[str] = ()) -> Iterator[dict]:
+                   field_names: Sequence[str] = (), allow_outside: bool = False) -> Iterator[dict]:
     """Samples of files grouped by basename across a tree (``images/a.jpg`` and
     ``annotations/trimaps/a.png`` make sample ``a`` with fields ``jpg`` and ``png``), in
     key order; the suffix is what follows the basename's first dot. ``extensions``: only
     files whose suffix is one of these. ``fields_file`` (with ``field_names``): more fields
-    per key from a list file."""
+    per key from a list file. A symbolic link that leads nowhere or outside ``root`` (unless
+    ``allow_outside``), a link loop and anything that is not a file make their sample a bad
+    input (an error naming the path, or a listed skip)."""
     wanted = None if extensions is None else {e.lower().lstrip(".") for e in extensions}
     skip = os.path.abspath(fields_file) if fields_file else None
+    inside = os.path.realpath(root)
     groups: dict[str, dict] = {}
-    for relative, entry in _files(root):
+    for relative, entry, problem in _files(root, inside, allow_outside):
         if skip is not None and os.path.abspath(entry.path) == skip:
             continue
         key, dot, suffix = entry.name.partition(".")
-        if not dot:
+        folder = problem is not None and entry.is_dir()  # a link to a folder not followed: reported whatever its name
+        if not dot and not folder:
             continue
-        if wanted is not None and suffix.lower() not in wanted:
+        if wanted is not None and suffix.lower() not in wanted and not folder:
             stem, _, extension = entry.name.rpartition(".")
             if extension.lower() in wanted:  # a dot in the basename (photo.v2.jpg): not silently left out
                 why = (f"a dot in its basename: readers would split {entry.name!r} into the key {key!r} and the "
@@ -77,6 +119,9 @@ def folder_samples(root: str, *, extensions: Iterable[str] | None = None, fields
                 groups.setdefault(stem, {"__key__": stem, "__source__": os.path.join(root, relative), PROBLEMS: [why]})
             continue
         sample = groups.setdefault(key, {"__key__": key, "__source__": os.path.join(root, relative)})
+        if problem is not None:
+            sample.setdefault(PROBLEMS, []).append(f"{entry.path}: {problem}")
+            continue
         if suffix.lower() in sample:
             sample.setdefault(PROBLEMS, []).append(
                 f"two files for field {suffix.lower()!r}: {sample[suffix.lower()].path} and {entry.path}")
@@ -89,27 +134,70 @@ def folder_samples(root: str, *, extensions: Iterable[str] | None = None, fields
         yield sample
 
 
-def imagefolder_samples(root: str) -> Iterator[dict]:
+def imagefolder_samples(root: str, *, extensions: Iterable[str] = IMAGE_EXTENSIONS, allow_outside: bool = False,
+                        left_out: list[str] | None = None) -> Iterator[dict]:
     """Samples of an ImageFolder tree: each subfolder a class (numbered in sorted order, as
-    torchvision does), each file in it a sample ``<class>/<name>`` with its image field and
-    ``cls``. A file name with more than one dot makes a key with a dot: reported as a bad
-    input by the writer."""
+    torchvision does), each image in it a sample ``<class>/<name>`` with its image field and
+    ``cls``. Only files with an image extension are taken (``extensions``: torchvision's
+    ``IMG_EXTENSIONS`` by default, compared lowercased); the paths of the others (and of
+    files beside the class folders) go to ``left_out`` where given, else to one warning in
+    the log. A file name with more than one dot makes a key with a dot; a symbolic link that
+    leads nowhere or outside ``root`` (unless ``allow_outside``), a link loop and anything
+    that is not a file are bad inputs: reported by the writer (an error, or a listed skip)."""
+    suffixes = tuple(e.lower() if e.startswith(".") else f".{e.lower()}" for e in extensions)
+    inside = os.path.realpath(root)
+    dropped: list[str] = []
     with os.scandir(root) as scan:
-        classes = sorted(e.name for e in scan if e.is_dir() and not e.name.startswith("."))
-    for number, name in enumerate(classes):
-        for relative, entry in _files(os.path.join(root, name)):
-            stem, dot, extension = relative.rpartition(".")
-            if not dot:
+        entries = sorted((e for e in scan if not e.name.startswith(".")), key=lambda e: e.name)
+    classes = [e for e in entries if e.is_dir()]  # as torchvision's find_classes (links to folders too)
+    dropped += [e.path for e in entries if not e.is_dir()]  # beside the classes: torchvision takes none
+    for number, folder in enumerate(classes):
+        problem = _entry_problem(folder, inside, allow_outside)
+        if problem is not None:
+            yield {"__key__": folder.name, "__source__": folder.path, PROBLEMS: [f"{folder.path}: {problem}"]}
+            continue
+        for relative, entry, why in _files(folder.path, inside, allow_outside,
+                                           (inside, os.path.realpath(folder.path))):
+            linked_folder = why is not None and entry.is_dir()  # not followed: reported whatever its name
+            if not entry.name.lower().endswith(suffixes) and not linked_folder:
+                dropped.append(entry.path)
                 continue
-            yield {"__key__": f"{name}/{stem}", "__source__": entry.path,
-                   extension.lower(): FileBytes(entry.path, entry.stat().st_size), "cls": number}
+            stem, dot, extension = relative.rpartition(".")
+            sample = {"__key__": f"{folder.name}/{stem if dot else relative}", "__source__": entry.path, "cls": number}
+            if why is not None:
+                sample[PROBLEMS] = [f"{entry.path}: {why}"]
+            else:
+                sample[extension.lower()] = FileBytes(entry.path, entry.stat().st_size)
+            yield sample
+    if left_out is not None:
+        left_out += dropped
+    elif dropped:
+        logger.warning("%s: left out %d file(s) that are not images (extensions %s): %s%s", root, len(dropped),
+                       ", ".join(suffixes), ", ".join(dropped[:10]), ", ..." if len(dropped) > 10 else "")
 
 
-def manifest_samples(path: str) -> Iterator[dict]:
+def path_field(base: str, path: str, root: str, allow_outside: bool = False) -> FileBytes:
+    """The file that ``path`` (a manifest's or a Parquet row's, relative to ``base``) names,
+    resolved (symbolic links followed), as a field's :class:`FileBytes`.
+
+    Raises :class:`ValueError` naming the path where it resolves outside ``root`` (a resolved
+    folder; unless ``allow_outside``): an absolute path, a ``..``, or a link that leads out;
+    :class:`OSError` where it cannot be read."""
+    real = os.path.realpath(os.path.join(base, path))
+    if not allow_outside and not _inside(real, root):
+        leads = "is" if real == path else f"resolves to {real!r},"
+        raise ValueError(f"{path!r} {leads} outside the input's folder {root!r} ({_OUTSIDE})")
+    return FileBytes(real, os.stat(real).st_size)
+
+
+def manifest_samples(path: str, *, allow_outside: bool = False) -> Iterator[dict]:
     """Samples of a JSONL or CSV manifest: one line a sample, its key in ``__key__`` or
     ``key``; a column ``<suffix>_path`` names a file (relative to the manifest) that
-    becomes field ``<suffix>``; other columns are values, encoded by their suffix."""
+    becomes field ``<suffix>``; other columns are values, encoded by their suffix. A path
+    that resolves outside the manifest's folder (absolute, ``..``, a symbolic link leading
+    out) makes its line a bad input, unless ``allow_outside``."""
     base = os.path.dirname(os.path.abspath(path))
+    root = os.path.realpath(base)
     if path.endswith(".csv"):
         with open(path, newline="") as stream:
             rows: Iterable = list(csv.DictReader(stream))
@@ -128,12 +216,13 @@ def manifest_samples(path: str) -> Iterator[dict]:
             if name in ("__key__", "key") or value in (None, ""):
                 continue
             if name.endswith("_path"):
-                file = os.path.join(base, str(value))
                 try:
-                    sample[name[:-5]] = FileBytes(file, os.stat(file).st_size)
+                    sample[name[:-5]] = path_field(base, str(value), root, allow_outside)
+                except ValueError as exn:
+                    sample.setdefault(PROBLEMS, []).append(f"field {name[:-5]!r}: {exn}")
                 except OSError as exn:
-                    sample.setdefault(PROBLEMS, []).append(f"field {name[:-5]!r}: cannot read {file!r} "
-                                                           f"({exn.strerror or exn})")
+                    sample.setdefault(PROBLEMS, []).append(f"field {name[:-5]!r}: cannot read "
+                                                           f"{os.path.join(base, str(value))!r} ({exn.strerror or exn})")
             else:
                 sample[name] = value
         yield sample
@@ -199,4 +288,5 @@ def _text(value: object) -> str:
         else str(value)
 
 
-__all__ = ["folder_samples", "imagefolder_samples", "manifest_samples", "read_fields_file", "shard_samples"]
+__all__ = ["IMAGE_EXTENSIONS", "folder_samples", "imagefolder_samples", "manifest_samples", "path_field",
+           "read_fields_file", "shard_samples"]
