@@ -70,35 +70,40 @@ test-newest: setup-newest
 test-core: setup
 	$(BIN)/python -m pytest -q tests --ignore=tests/aisio
 
+# The benchmarks run as modules of the benchmarks/ package; each writes its full output to
+# benchmarks/results/<bench>-<date>.txt (docs/speed.md). BENCH_ARGS goes to each: e.g.
+# `make bench-write BENCH_ARGS=--quick` proves it runs end to end in seconds.
+BENCH_ARGS ?=
+
 # The pipeline rows and the audio and video rows on the tested stack, then the vision recipe under torchdata.nodes
 # (only the newest stack has it) beside DataLoader on the same photos.
 bench: setup setup-newest
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
-	$(BIN)/python benchmarks/bench_pipeline.py
-	$(BIN)/python benchmarks/bench_media.py
-	$(NEWEST)/bin/python benchmarks/bench_nodes.py
+	$(BIN)/python -m benchmarks.bench_pipeline $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.bench_media $(BENCH_ARGS)
+	$(NEWEST)/bin/python -m benchmarks.bench_nodes $(BENCH_ARGS)
 
 bench-epochs: setup
-	$(BIN)/python benchmarks/bench_epochs.py
+	$(BIN)/python -m benchmarks.bench_epochs $(BENCH_ARGS)
 
 bench-nodes: setup-newest
-	$(NEWEST)/bin/python benchmarks/bench_nodes.py
+	$(NEWEST)/bin/python -m benchmarks.bench_nodes $(BENCH_ARGS)
 
 bench-media: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
-	$(BIN)/python benchmarks/bench_media.py
+	$(BIN)/python -m benchmarks.bench_media $(BENCH_ARGS)
 
 bench-cache: setup
-	$(BIN)/python benchmarks/bench_cache.py
+	$(BIN)/python -m benchmarks.bench_cache $(BENCH_ARGS)
 
 # Writing shards from 4,000 files of 50-150 KB: ours (1 and 2 processes, with and without the
 # index) against webdataset's ShardWriter and cp -r.
 bench-write: setup
-	$(BIN)/python benchmarks/bench_write.py
+	$(BIN)/python -m benchmarks.bench_write $(BENCH_ARGS)
 
 bench-ais: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
-	$(BIN)/python benchmarks/bench_ais.py
+	$(BIN)/python -m benchmarks.bench_ais $(BENCH_ARGS)
 
 # Object stores on the local AIStore cluster's S3 API: the client libraries, then s3://,
 # http://, ais:// and webdataset's pipe:curl / pipe:aws on the same objects. s3fs gets a venv
@@ -108,7 +113,7 @@ bench-storage: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	test -x $(S3FS_VENV)/bin/python || { $(PYTHON) -m venv $(S3FS_VENV) && \
 		$(S3FS_VENV)/bin/python -m pip install --quiet s3fs==2026.9.0; }
-	$(BIN)/python benchmarks/bench_storage.py --s3fs-python $(S3FS_VENV)/bin/python
+	$(BIN)/python -m benchmarks.bench_storage --s3fs-python $(S3FS_VENV)/bin/python $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check wds_datapipes aisio tests examples benchmarks

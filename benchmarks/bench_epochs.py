@@ -1,6 +1,6 @@
 """Exact epochs: planning cost, resume cost, and shuffle quality, in one run.
 
-    python benchmarks/bench_epochs.py [--shards 64] [--per-shard 500] [--sample-kb 8]
+    python -m benchmarks.bench_epochs [--shards 64] [--per-shard 500] [--sample-kb 8] [--rounds 3] [--quick]
 
 1. Planning: the plan of one rank over 100,000 shards of 10,000 samples (10^9 samples),
    and after a topology change mid-epoch: time and peak memory (tracemalloc); the same for
@@ -14,14 +14,17 @@
    and its position in the dataset, and how many shards a batch of 64 draws from.
 4. Reading a mixture of 100 one-shard sources: samples/s, the most shards open at once,
    the samples held.
+
+Times are medians of ``--rounds`` runs (a plan's peak memory is taken from one more run,
+traced: tracing slows Python code about twice); the resume rows run in turn, the order
+reversed every other round, and the 90% / 10% ratio is the median of each round's pair.
+``--quick``: plans of 1,000 shards (a mixture: 4 sources of 50), 4 shards of 50 samples,
+a mixture of 4 sources of 50 samples, one round.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-import tempfile
 import time
 import tracemalloc
 
@@ -29,6 +32,7 @@ import numpy as np
 import webdataset as wds
 
 import wds_datapipes as wd
+from benchmarks.harness import PROCESS_CLOCK, Bench, median, time_in_turn
 from wds_datapipes.epochs.mixture import MixSettings, epoch_windows, plan_mixture
 from wds_datapipes.epochs.plan import PlanSettings, Segment, plan_epoch
 
@@ -48,12 +52,17 @@ def make_shards(folder: str, shards: int, per_shard: int, sample_kb: int) -> lis
     return paths
 
 
-def measured(work):
-    """(seconds, peak bytes, result) of ``work()``: the time of a run without tracing (which
-    slows Python code about twice), the peak of a traced one."""
-    start = time.perf_counter()
-    result = work()
-    elapsed = time.perf_counter() - start
+def measured(work, rounds: int):
+    """(seconds, peak bytes, result) of ``work()``: the median time of ``rounds`` runs without
+    tracing (which slows Python code about twice), the peak of one traced run."""
+    result = None
+
+    def run() -> int:
+        nonlocal result
+        result = work()
+        return 1
+
+    elapsed = median(PROCESS_CLOCK.run(run).wall for _ in range(rounds))
     tracemalloc.start()
     work()
     peak = tracemalloc.get_traced_memory()[1]
@@ -61,71 +70,75 @@ def measured(work):
     return elapsed, peak, result
 
 
-HISTORIES = (("plain epoch", ()), ("after a topology change", (Segment(8, 4, (10**7,) * 4),)))
+def histories(samples: int) -> tuple:
+    """A plain epoch, and one resumed after a topology change: 8 ranks of 4 workers that each
+    took 1% of the epoch (10^7 of 10^9 samples)."""
+    return ("plain epoch", ()), ("after a topology change", (Segment(8, 4, (samples // 100,) * 4),))
 
 
-def bench_planning() -> None:
-    print("1. planning one rank's epoch: 100,000 shards x 10,000 samples (10^9 samples)")
-    sizes = np.full(100_000, 10_000)
+def bench_planning(shards: int, rounds: int) -> None:
+    print(f"1. planning one rank's epoch: {shards:,} shards x 10,000 samples ({shards * 10_000:,} samples)")
+    sizes = np.full(shards, 10_000)
     settings = PlanSettings(seed=1, batch_size=BATCH)
-    for label, history in HISTORIES:
+    for label, history in histories(shards * 10_000):
         def work(history=history):
             plan = plan_epoch(sizes, settings, 3, 8, 4, history)
             reader = plan.reader(5, 2)
             return plan.reader_spans(5, 2), reader, reader.block_positions(0)
 
-        elapsed, peak, (spans, reader, first_block) = measured(work)
+        elapsed, peak, (spans, reader, first_block) = measured(work, rounds)
         print(f"   {label:<26} {elapsed * 1000:7.1f} ms, peak {peak / 1e6:6.1f} MB "
               f"(8 ranks x 4 workers; reader 5/2: {reader.length:,} samples, {len(list(spans)):,} spans, "
               f"first block {len(first_block)})")
 
 
-def bench_mixture_planning() -> None:
-    print("1b. planning one rank's epoch of a mixture: 100 sources, 100,000 shards x 10,000 samples in all")
-    sizes = [np.full(1000, 10_000) for _ in range(100)]
-    weights = tuple(float(w) for w in np.random.default_rng(0).uniform(0.1, 1.0, 100).round(3))
+def bench_mixture_planning(sources: int, shards: int, rounds: int) -> None:
+    print(f"1b. planning one rank's epoch of a mixture: {sources} sources, {sources * shards:,} shards x 10,000 "
+          "samples in all")
+    sizes = [np.full(shards, 10_000) for _ in range(sources)]
+    weights = tuple(float(w) for w in np.random.default_rng(0).uniform(0.1, 1.0, sources).round(3))
     for batching in ("random", "stratified", "per_source"):
-        settings = MixSettings(names=tuple(f"source-{k}" for k in range(100)), weights=weights,
-                               samples_per_epoch=10**9, batching=batching, seed=1, batch_size=BATCH)
-        for label, history in HISTORIES:
+        settings = MixSettings(names=tuple(f"source-{k}" for k in range(sources)), weights=weights,
+                               samples_per_epoch=sources * shards * 10_000, batching=batching, seed=1,
+                               batch_size=BATCH)
+        for label, history in histories(sources * shards * 10_000):
             def work(settings=settings, history=history):
                 windows = epoch_windows(settings, [int(s.sum()) for s in sizes], 3)
                 reader = plan_mixture(sizes, settings, 3, windows, 8, 4, history).reader(5, 2)
                 return reader, next(reader.sources(0))
 
-            elapsed, peak, (reader, first) = measured(work)
+            elapsed, peak, (reader, first) = measured(work, rounds)
             print(f"   {batching:<10} {label:<26} {elapsed * 1000:7.1f} ms, peak {peak / 1e6:6.1f} MB "
                   f"(reader 5/2: {reader.length:,} samples from {sum(len(s) > 0 for s in reader.spans)} sources, "
                   f"first run {len(first)})")
 
 
-def time_to_first_batch(index: str, state: wd.EpochState) -> float:
-    start = time.perf_counter()
+def first_batch(index: str, state: wd.EpochState) -> int:
+    """Builds a pipeline, loads ``state`` and takes its first batch (the clock times all of it)."""
     dp = wd.ExactEpochs(index, batch_size=BATCH).batch_samples(BATCH)
     dp.load_state_dict(state)
     next(iter(dp))
-    return time.perf_counter() - start
+    return 1
 
 
-def bench_resume(folder: str, shards: list[str], repeats: int) -> None:
-    total = 0
-    print("2. time to the first batch after resuming (page cache warm; best of", repeats, "runs)")
-    rows = {}
+def bench_resume(bench: Bench, folder: str, shards: list[str], rounds: int) -> None:
+    print(f"2. time to the first batch after resuming (page cache warm; median of {rounds} round(s) in turn)")
     kinds = {"with places": {"places": True}, "with offsets": {}, "without offsets": {"offsets": False}}
+    paths, per_epoch = {}, 0
     for kind, options in kinds.items():
         index = os.path.join(folder, f"index-{kind.replace(' ', '-')}.json")
         wd.ShardIndex.from_scans(wd.build_index(shards, places=options.get("places", False)),
                                  relative_to=index).save(index, offsets=options.get("offsets", True))
         per_epoch = wd.ExactEpochs(index, batch_size=BATCH).batches_per_epoch
-        total = per_epoch
         for share in (0.1, 0.9):
             state = wd.EpochState(epoch=0, batches=int(per_epoch * share))
-            time_to_first_batch(index, state)  # warm the page cache
-            rows[kind, share] = min(time_to_first_batch(index, state) for _ in range(repeats))
-        for share in (0.1, 0.9):
-            print(f"   {kind:<17} at {share:.0%} of the epoch: {rows[kind, share] * 1000:7.1f} ms")
-        print(f"   {'':<17} 90% / 10%: {rows[kind, 0.9] / rows[kind, 0.1]:.2f} (target < 1.5)")
-    print(f"   ({total} batches of {BATCH} per epoch)")
+            paths[f"{kind} at {share:.0%}"] = lambda index=index, state=state: first_batch(index, state)
+    timings = time_in_turn(paths, rounds, clock=PROCESS_CLOCK, warm=True)
+    for kind in kinds:
+        for share in ("10%", "90%"):
+            print(f"   {kind:<17} at {share} of the epoch: {timings.seconds(f'{kind} at {share}') * 1000:7.1f} ms")
+        bench.ratio(f"{kind}, 90% / 10%", timings.ratio(f"{kind} at 10%", f"{kind} at 90%"), "< 1.5")
+    print(f"   ({per_epoch} batches of {BATCH} per epoch)")
 
 
 def bench_mixture_reading(folder: str, sources: int = 100, per_shard: int = 200, sample_kb: int = 8) -> None:
@@ -182,23 +195,25 @@ def bench_quality(folder: str, shards: list[str], block: int) -> None:
         print(f"   {label:<44} {corr:22.3f} {per_batch:17.1f}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shards", type=int, default=64)
-    parser.add_argument("--per-shard", type=int, default=500)
-    parser.add_argument("--sample-kb", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-bench-epochs"))
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    bench = Bench("bench_epochs", __doc__, peers=("webdataset",), rounds=3, data="wds-bench-epochs")
+    bench.parser.add_argument("--shards", type=int, default=64)
+    bench.parser.add_argument("--per-shard", type=int, default=500)
+    bench.parser.add_argument("--sample-kb", type=int, default=8)
+    args = bench.parse(argv)
+    plan_shards, mix_sources, mix_shards, read_sources = 100_000, 100, 1000, 100
+    if args.quick:
+        args.shards, args.per_shard = min(args.shards, 4), min(args.per_shard, 50)
+        plan_shards, mix_sources, mix_shards, read_sources = 1000, 4, 50, 4
     os.makedirs(args.data, exist_ok=True)
-    print(f"machine: {os.cpu_count()} cores, {sys.platform}, python {sys.version.split()[0]}")
-    bench_planning()
-    bench_mixture_planning()
-    shards = make_shards(args.data, args.shards, args.per_shard, args.sample_kb)
-    print(f"data: {args.shards} shards x {args.per_shard} samples of {args.sample_kb} KB")
-    bench_resume(args.data, shards, args.repeats)
-    bench_quality(args.data, shards, 512)
-    bench_mixture_reading(args.data)
+    with bench.results(args):
+        bench_planning(plan_shards, args.rounds)
+        bench_mixture_planning(mix_sources, mix_shards, args.rounds)
+        shards = make_shards(args.data, args.shards, args.per_shard, args.sample_kb)
+        print(f"data: {args.shards} shards x {args.per_shard} samples of {args.sample_kb} KB")
+        bench_resume(bench, args.data, shards, args.rounds)
+        bench_quality(args.data, shards, 512)
+        bench_mixture_reading(args.data, sources=read_sources, per_shard=50 if args.quick else 200)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """Audio and video decoding from bytes in memory: TorchCodec against PyAV, ours and webdataset's way.
 
-    python benchmarks/bench_media.py [--audio 200] [--videos 40] [--repeats 3]
+    python -m benchmarks.bench_media [--audio 200] [--videos 40] [--rounds 5] [--quick]
 
 Makes its media in memory with TorchCodec's encoders (the system FFmpeg):
 - audio: --audio clips of 5 s of a 16 kHz mono tone with noise, as flac, wav and mp3;
 - video: --videos clips of 2 s at 25 fps, 320x240, H.264 in mp4 (50 frames each).
 
-Then times, each row the best of --repeats, one thread, bytes in memory to tensors:
+Then times, one thread, bytes in memory to tensors, the rows of a format in turn (the order
+reversed every other round) after a warm-up run each; a row is the median of its rounds,
+its ratio to TorchCodec the median of each round's pair:
 1. TorchCodec: ``AudioDecoder(bytes).get_all_samples()`` (float32 C x S; ``WavDecoder`` for
    wav) and ``VideoDecoder(bytes).get_all_frames()`` (uint8 N x C x H x W);
 2. PyAV: ``av.open(BytesIO)``, frames as arrays joined and scaled to float32 in numpy;
@@ -14,37 +16,33 @@ Then times, each row the best of --repeats, one thread, bytes in memory to tenso
 3. ours: ``decode("audio", "video")`` over the samples (TorchCodec behind it, limits checked);
 4. webdataset's handlers (``torch_audio``: torchaudio.load on a temp file; ``torch_video``:
    torchvision.io.read_video on a temp file), where they import and run on this stack.
-Prints samples/s and the ratios to TorchCodec's.
+Prints samples/s and the ratios to TorchCodec's. ``--quick``: 4 audio clips, 2 videos, one round.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import math
-import os
-import platform
-import sys
-import time
 import warnings
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 warnings.filterwarnings("ignore", message=r"(?s).*'datapipes', 'dataloader2' modules are deprecated")
 
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import wds_datapipes  # noqa: F401 - registers decode
+from benchmarks.harness import PROCESS_CLOCK, Bench, time_in_turn
 
 try:
-    import torchcodec
     from torchcodec.decoders import AudioDecoder, VideoDecoder, WavDecoder
     from torchcodec.encoders import AudioEncoder, VideoEncoder
 except (ImportError, RuntimeError) as exn:  # RuntimeError: no FFmpeg libraries found
-    sys.exit(f"this benchmark needs torchcodec and FFmpeg (pip install torchcodec; apt-get install ffmpeg): {exn}")
+    TORCHCODEC_MISSING = f"this benchmark needs torchcodec and FFmpeg (pip install torchcodec; make ffmpeg): {exn}"
+else:
+    TORCHCODEC_MISSING = ""
 
 try:
     import av
@@ -132,16 +130,6 @@ def webdataset_handler(name: str, suffix: str, items: list[bytes]) -> Callable[[
     return run
 
 
-def best_rate(run: Callable[[], int], n: int, repeats: int) -> float:
-    run()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        assert run() == n
-        times.append(time.perf_counter() - start)
-    return n / min(times)
-
-
 def per_item(fn: Callable[..., object], items: list[bytes], *args: object) -> Callable[[], int]:
     def run() -> int:
         for data in items:
@@ -151,53 +139,52 @@ def per_item(fn: Callable[..., object], items: list[bytes], *args: object) -> Ca
     return run
 
 
-def report(title: str, rows: list[tuple[str, float | str]]) -> None:
-    base = next(rate for name, rate in rows if name == "torchcodec")
+def measure(bench: Bench, title: str, paths: dict[str, Callable[[], int] | str], n: int, rounds: int) -> None:
+    """The rows of one format in turn; a row that cannot run here says why."""
+    runnable = {name: path for name, path in paths.items() if not isinstance(path, str)}
+    timings = time_in_turn(runnable, rounds, clock=PROCESS_CLOCK, warm=True, expect=n)
     print(f"\n{title}")
-    for name, rate in rows:
-        if isinstance(rate, str):
-            print(f"  {name:<24} {rate}")
-        else:
-            print(f"  {name:<24} {rate:9.1f} samples/s   x{rate / base:5.2f} of torchcodec")
+    for name, path in paths.items():
+        if isinstance(path, str):
+            print(f"  {name:<24} {path}")
+            continue
+        print(f"  {name:<24} {timings.rate(name):9.1f} samples/s")
+    for name in runnable:
+        if name != "torchcodec":
+            bench.ratio(f"{name} / torchcodec", timings.ratio(name, "torchcodec"))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--audio", type=int, default=200)
-    parser.add_argument("--videos", type=int, default=40)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    bench = Bench("bench_media", __doc__, peers=("torchcodec", "av", "webdataset", "torchaudio"), data=None)
+    bench.parser.add_argument("--audio", type=int, default=200)
+    bench.parser.add_argument("--videos", type=int, default=40)
+    args = bench.parse(argv)
+    if TORCHCODEC_MISSING:
+        raise SystemExit(TORCHCODEC_MISSING)
+    if args.quick:
+        args.audio, args.videos = min(args.audio, 4), min(args.videos, 2)
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, torchcodec {torchcodec.__version__}, "
-          f"av {av.__version__ if av else 'not installed'}, python {platform.python_version()}, "
-          f"{os.cpu_count()} cores")
+    with bench.results(args):
+        for fmt in ("flac", "wav", "mp3"):
+            items = make_audio(args.audio, fmt)
+            if av is not None:  # both decode with FFmpeg: the same samples
+                assert torch.equal(tc_audio(items[0], fmt), av_audio(items[0], fmt))
+            paths: dict[str, Callable[[], int] | str] = {"torchcodec": per_item(tc_audio, items, fmt)}
+            paths["pyav"] = per_item(av_audio, items, fmt) if av is not None else "not installed (pip install av)"
+            paths["ours decode('audio')"] = ours(fmt, items)
+            paths["webdataset torch_audio"] = webdataset_handler("torch_audio", fmt, items)
+            measure(bench, f"audio {fmt}: {len(items)} x 5 s 16 kHz mono, {sum(map(len, items)) // len(items)} "
+                           "bytes each", paths, len(items), args.rounds)
 
-    for fmt in ("flac", "wav", "mp3"):
-        items = make_audio(args.audio, fmt)
-        if av is not None:  # both decode with FFmpeg: the same samples
-            assert torch.equal(tc_audio(items[0], fmt), av_audio(items[0], fmt))
-        rows: list[tuple[str, float | str]] = [("torchcodec", best_rate(per_item(tc_audio, items, fmt),
-                                                                        len(items), args.repeats))]
+        videos = make_videos(args.videos)
         if av is not None:
-            rows.append(("pyav", best_rate(per_item(av_audio, items, fmt), len(items), args.repeats)))
-        rows.append(("ours decode('audio')", best_rate(ours(fmt, items), len(items), args.repeats)))
-        peer = webdataset_handler("torch_audio", fmt, items)
-        rows.append(("webdataset torch_audio", peer if isinstance(peer, str) else
-                     best_rate(peer, len(items), args.repeats)))
-        report(f"audio {fmt}: {len(items)} x 5 s 16 kHz mono, {sum(map(len, items)) // len(items)} bytes each", rows)
-
-    videos = make_videos(args.videos)
-    if av is not None:
-        assert torch.equal(tc_video(videos[0]), av_video(videos[0]))
-    rows = [("torchcodec", best_rate(per_item(tc_video, videos), len(videos), args.repeats))]
-    if av is not None:
-        rows.append(("pyav", best_rate(per_item(av_video, videos), len(videos), args.repeats)))
-    rows.append(("ours decode('video')", best_rate(ours("mp4", videos), len(videos), args.repeats)))
-    peer = webdataset_handler("torch_video", "mp4", videos)
-    rows.append(("webdataset torch_video", peer if isinstance(peer, str) else
-                 best_rate(peer, len(videos), args.repeats)))
-    report(f"video mp4: {len(videos)} x 50 frames 320x240 H.264, {sum(map(len, videos)) // len(videos)} bytes each",
-           rows)
+            assert torch.equal(tc_video(videos[0]), av_video(videos[0]))
+        paths = {"torchcodec": per_item(tc_video, videos),
+                 "pyav": per_item(av_video, videos) if av is not None else "not installed (pip install av)",
+                 "ours decode('video')": ours("mp4", videos),
+                 "webdataset torch_video": webdataset_handler("torch_video", "mp4", videos)}
+        measure(bench, f"video mp4: {len(videos)} x 50 frames 320x240 H.264, {sum(map(len, videos)) // len(videos)} "
+                       "bytes each", paths, len(videos), args.rounds)
 
 
 if __name__ == "__main__":

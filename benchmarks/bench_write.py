@@ -1,10 +1,11 @@
 """Writing shards from an ImageFolder tree: ours against ``cp -r``, webdataset's ShardWriter and LitData.
 
-    python benchmarks/bench_write.py [--files 4000] [--images 1600] [--rounds 9] [--index-pairs 3]
+    python -m benchmarks.bench_write [--files 4000] [--images 1600] [--rounds 9] [--index-pairs 3] [--quick]
 
 The input: ``--files`` files of 50-150 KB of random bytes in 40 class folders, read once
 so they sit in the page cache. A copy-only conversion to shards of 1000 samples (each
-sample its file and its class), in one process, timed per round, the median reported:
+sample its file and its class), in one process, timed per round, the median reported (a
+peer that is not installed says so in its row):
 
 - ``cp -r``: the same bytes copied file by file (the disk's limit for this work);
 - webdataset 1.0.2's ``ShardWriter`` loop (read each file, ``write({"jpg": ..., "cls": ...})``);
@@ -27,22 +28,23 @@ No run fsyncs (``cp`` does not); after each run, untimed, its output is
 removed and ``sync`` waits for the disk, so no run is throttled by the writeback of the one
 before it. Timings on a shared machine move with its load: compare
 ratios from one run. The CPU time per file (user + system of this process and its
-children: ``cp``, the workers) moves less with the load than the wall time does.
+children: ``cp``, the workers) moves less with the load than the wall time does. Each goal's
+ratio is the median of the rounds' pairs (both runs of a pair in the same round), with its
+range. ``--quick``: 200 files, 20 images, one round, one pair.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import random
-import resource
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
+from importlib.util import find_spec
 
+from benchmarks.harness import Bench, Ratio, time_in_turn
 from wds_datapipes.epochs.index import ShardIndex
 from wds_datapipes.epochs.places import ShardPlaces
 from wds_datapipes.writing import progress, shard_file, writer
@@ -200,100 +202,93 @@ class IndexTime:
         return timed
 
 
-def _cpu_seconds() -> float:
-    """User + system CPU time of this process and of its finished children (cp, the workers)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--files", type=int, default=4000)
-    parser.add_argument("--images", type=int, default=1600)
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--index-pairs", type=int, default=3,
-                        help="back-to-back runs of ours with and without the index a round")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    bench = Bench("bench_write", __doc__, peers=("webdataset", "litdata"), rounds=9, data=None)
+    bench.parser.add_argument("--files", type=int, default=4000)
+    bench.parser.add_argument("--images", type=int, default=1600)
+    bench.parser.add_argument("--index-pairs", type=int, default=None,
+                              help="back-to-back runs of ours with and without the index a round (default 3)")
+    args = bench.parse(argv)
+    if args.quick:
+        args.files, args.images = min(args.files, 200), min(args.images, 20)
+    pairs_a_round = args.index_pairs if args.index_pairs is not None else (1 if args.quick else 3)
     work = tempfile.mkdtemp(prefix="bench-write-")
     try:
-        src, images = os.path.join(work, "src"), os.path.join(work, "images")
-        total = make_tree(src, args.files)
-        image_bytes = make_images(images, args.images)
-        print(f"{args.files} files, {total / 1e6:.0f} MB in the page cache; {args.images} JPEGs, "
-              f"{image_bytes / 1e6:.0f} MB; {args.rounds} rounds, median; "
-              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        copy = lambda run: (src, args.files, run)
-        index_time = IndexTime()
-        mapped = lambda n: (images, args.images, lambda s, d: run_ours(s, d, n, maxcount=10,
-                                                                        map=resize_sample))
-        runs = {
-            "cp -r": copy(run_cp),
-            "webdataset ShardWriter": copy(run_webdataset),
-            "LitData optimize": copy(run_litdata),
-            "ours": copy(index_time.run),
-            "ours, no index": copy(run_ours_no_index),
-            "ours + function, 1 worker": mapped(1),
-            "ours + function, 2 workers": mapped(2),
-        }
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        cpu: dict[str, list[float]] = {name: [] for name in runs}
-        pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in INDEX_PAIR}
-
-        def timed(name: str) -> tuple[float, float]:
-            source, _, run = runs[name]
-            dst = os.path.join(work, "dst")
-            used = _cpu_seconds()
-            started = time.perf_counter()
-            run(source, dst)
-            seconds, cpu_s = time.perf_counter() - started, _cpu_seconds() - used
-            shutil.rmtree(dst)
-            os.sync()  # untimed: the next run does not wait on this one's writeback
-            return seconds, cpu_s
-
-        for round_ in range(args.rounds):
-            order = list(runs) if round_ % 2 == 0 else list(reversed(runs))  # alternate: no row always first
-            for name in order:
-                seconds, cpu_s = timed(name)
-                times[name].append(seconds)
-                cpu[name].append(cpu_s)
-            for pair in range(args.index_pairs):  # the index's cost: ours with and without it, back to back
-                for name in INDEX_PAIR if (round_ + pair) % 2 == 0 else INDEX_PAIR[::-1]:
-                    pairs[name].append(timed(name))
-        rate = {name: runs[name][1] / statistics.median(t) for name, t in times.items()}
-        per_file = {name: statistics.median(c) * 1e6 / runs[name][1] for name, c in cpu.items()}
-        for name, files_per_s in rate.items():
-            count = runs[name][1]
-            print(f"{name:28s} {files_per_s:8.0f} files/s (min {count / max(times[name]):.0f}, "
-                  f"max {count / min(times[name]):.0f}); CPU {per_file[name]:.0f} us/file")
-
-        def goal(text: str, value: float, wanted: float, by_cpu: float, more: bool = True) -> None:
-            met = value >= wanted if more else value <= wanted
-            print(f"{text}: {value:.2f} (by CPU time {by_cpu:.2f}); goal {'>=' if more else '<='} {wanted}: "
-                  f"{'met' if met else 'NOT met'}")
-
-        goal("ours / cp -r", rate["ours"] / rate["cp -r"], 0.8, per_file["cp -r"] / per_file["ours"])
-        goal("ours / webdataset ShardWriter", rate["ours"] / rate["webdataset ShardWriter"], 3,
-             per_file["webdataset ShardWriter"] / per_file["ours"])
-        goal("ours / LitData optimize", rate["ours"] / rate["LitData optimize"], 1.2,
-             per_file["LitData optimize"] / per_file["ours"])
-        goal("index in the same pass, time over none", rate["ours, no index"] / rate["ours"] - 1, 0.05,
-             per_file["ours"] / per_file["ours, no index"] - 1, more=False)
-        if args.index_pairs:
-            with_index, without = pairs[INDEX_PAIR[0]], pairs[INDEX_PAIR[1]]
-            goal(f"index in the same pass, time over none, median of {len(with_index)} back-to-back pairs",
-                 statistics.median(a[0] / b[0] for a, b in zip(with_index, without)) - 1, 0.05,
-                 statistics.median(a[1] / b[1] for a, b in zip(with_index, without)) - 1, more=False)
-        ours_cpu = sum(cpu["ours"]) + sum(c for _, c in pairs["ours"])  # every run of ours
-        own = index_time.seconds / ours_cpu
-        goal("index in the same pass, its own CPU time over the rest of ours", own / (1 - own), 0.05, own / (1 - own),
-             more=False)
-        print(f"  (garbage collections that started inside the index's functions, not counted there: "
-              f"{index_time.gc_seconds / ours_cpu:.3f} of ours' CPU time)")
-        goal("function, 2 workers / 1 worker", rate["ours + function, 2 workers"] / rate["ours + function, 1 worker"],
-             1.7, 2 * per_file["ours + function, 1 worker"] / per_file["ours + function, 2 workers"])
-        print(f"load average at the end {os.getloadavg()[0]:.1f}")
+        with bench.results(args):
+            measure(bench, args, work, pairs_a_round)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(bench: Bench, args, work: str, pairs_a_round: int) -> None:
+    src, images = os.path.join(work, "src"), os.path.join(work, "images")
+    total = make_tree(src, args.files)
+    image_bytes = make_images(images, args.images)
+    print(f"{args.files} files, {total / 1e6:.0f} MB in the page cache; {args.images} JPEGs, "
+          f"{image_bytes / 1e6:.0f} MB; medians of {args.rounds} round(s)")
+    dst = os.path.join(work, "dst")
+    index_time = IndexTime()
+
+    def path(source: str, count: int, run):
+        return lambda: (run(source, dst), count)[1]
+
+    def mapped(workers: int):
+        return path(images, args.images, lambda s, d: run_ours(s, d, workers, maxcount=10, map=resize_sample))
+
+    runs = {"cp -r": path(src, args.files, run_cp), "webdataset ShardWriter": path(src, args.files, run_webdataset)}
+    if find_spec("litdata") is not None:
+        runs["LitData optimize"] = path(src, args.files, run_litdata)
+    runs.update({
+        "ours": path(src, args.files, index_time.run),
+        "ours, no index": path(src, args.files, run_ours_no_index),
+        "ours + function, 1 worker": mapped(1),
+        "ours + function, 2 workers": mapped(2),
+    })
+
+    def cleanup(_: str) -> None:
+        shutil.rmtree(dst)
+        os.sync()  # untimed: the next run does not wait on this one's writeback
+
+    times = pairs = None
+    for round_ in range(args.rounds):
+        times = time_in_turn(runs, 1, timings=times, after_each=cleanup, start=round_)
+        if pairs_a_round:  # the index's cost: ours with and without it, back to back
+            pairs = time_in_turn({name: runs[name] for name in INDEX_PAIR}, pairs_a_round, timings=pairs,
+                                 after_each=cleanup, start=round_)
+    for name in runs:
+        rounds = times.rounds(name)
+        print(f"{name:28s} {times.rate(name):8.0f} files/s (min {min(r.rate() for r in rounds):.0f}, "
+              f"max {max(r.rate() for r in rounds):.0f}); CPU {times.cpu_per(name, per=10**6):.0f} us/file")
+    if "LitData optimize" not in runs:
+        print("LitData optimize             not measured: litdata is not installed (pip install -e '.[bench]')")
+
+    print("\nratios, the median of the rounds' pairs (range) [goals]")
+
+    def goal(label: str, a: str, b: str, wanted: str) -> None:
+        bench.ratio(label, times.ratio(a, b), wanted, note=f"by CPU time {times.ratio(a, b, of='cpu')}")
+
+    goal("ours / cp -r", "ours", "cp -r", ">= 0.8")
+    goal("ours / webdataset ShardWriter", "ours", "webdataset ShardWriter", ">= 3")
+    if "LitData optimize" in runs:
+        goal("ours / LitData optimize", "ours", "LitData optimize", ">= 1.2")
+
+    def cost(timings, label: str) -> None:  # the index's cost: ours without it over ours, minus 1
+        by_cpu = Ratio.of(x - 1 for x in timings.paired("ours, no index", "ours", of="cpu"))
+        bench.ratio(label, Ratio.of(x - 1 for x in timings.paired("ours, no index", "ours")), "<= 0.05",
+                    note=f"by CPU time {by_cpu}")
+
+    cost(times, "index in the same pass, time over none")
+    if pairs is not None:
+        cost(pairs, f"index, {len(pairs.rounds('ours'))} back-to-back pairs")
+    ours_cpu = sum(r.cpu for r in times.rounds("ours")) + (
+        sum(r.cpu for r in pairs.rounds("ours")) if pairs is not None else 0.0)  # every run of ours
+    own = index_time.seconds / ours_cpu
+    bench.ratio("index, its own CPU time over the rest of ours", own / (1 - own), "<= 0.05")
+    print(f"  (garbage collections that started inside the index's functions, not counted there: "
+          f"{index_time.gc_seconds / ours_cpu:.3f} of ours' CPU time)")
+    by_cpu = Ratio.of(2 * x for x in times.paired("ours + function, 2 workers", "ours + function, 1 worker", of="cpu"))
+    bench.ratio("function, 2 workers / 1 worker", times.ratio("ours + function, 2 workers", "ours + function, 1 worker"),
+                ">= 1.7", note=f"by CPU time (x2) {by_cpu}")
 
 
 if __name__ == "__main__":

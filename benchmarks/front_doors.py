@@ -4,23 +4,32 @@ On the same photo-like JPEGs, each path decodes, resizes the short side to 256 a
 central 224x224 (uint8), in batches of 64, with 2 workers (or 2 threads), each epoch timed
 from building its loader (its workers start). The peers decode and crop with the ceiling's
 own decoder and torchvision transform, sample by sample, as their users write it. The rows
-are timed in turn, ``rounds`` times (a slow spell of a shared machine falls on all of them);
-each row prints the median rate by the wall clock and the median CPU seconds per 1,000
-samples of the whole path (this process and its reaped workers: much steadier than the wall
-clock on a loaded machine), and its ratio to the ceiling, the bare loop in 2 threads.
+are timed in turn, ``rounds`` times, the order reversed every other round (a slow spell of a
+shared machine falls on all of them); each row prints the median rate by the wall clock and
+the median CPU seconds per 1,000 samples of the whole path (this process and its reaped
+workers: much steadier than the wall clock on a loaded machine), and its ratio to the
+ceiling, the bare loop in 2 threads (the median of each round's pair).
 """
 
 from __future__ import annotations
 
-import resource
-import statistics
-import time
 from collections.abc import Callable, Iterable
 
 import torch
 from torch.utils.data import DataLoader
 
 import wds_datapipes as wd
+from benchmarks.harness import Timings, time_in_turn
+from benchmarks.vision_loops import (
+    BATCH,
+    EVAL,
+    DataLoader2,
+    bare_vision,
+    counted,
+    ours_vision,
+    through_dataloader2,
+    torchvision_transform,
+)
 from wds_datapipes.decoding.vision import tensor_decoders
 
 try:
@@ -33,10 +42,7 @@ except ImportError:  # torchdata < 0.8
     StatefulDataLoader = None
 
 
-def _cpu_seconds() -> float:
-    """CPU seconds of this process and of its children that have been waited for."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+CEILING = "bare loop in 2 threads (the ceiling)"
 
 
 class DecodeAndCrop:
@@ -84,13 +90,13 @@ def _litdata_dataset(folder: str, crop: DecodeAndCrop):
     return Cropped(folder)
 
 
-def front_doors(photos: list[str], jpgs: list[bytes], sizes: list[int], batch: int, eval_transform,
-                torchvision_eval: Callable, bare_vision: Callable, ours_vision: Callable,
-                through_dataloader2: Callable | None, litdata_folder: str | None) -> dict[str, Callable[[], Iterable]]:
+def front_doors(photos: list[str], jpgs: list[bytes], sizes: list[int],
+                litdata_folder: str | None) -> dict[str, Callable[[], Iterable]]:
     """Each path's maker, the ceiling first: a fresh loader each call."""
+    batch, eval_transform, torchvision_eval = BATCH, EVAL, torchvision_transform(EVAL)
     crop = DecodeAndCrop(torchvision_eval)
     rows: dict[str, Callable[[], Iterable]] = {
-        "bare loop in 2 threads (the ceiling)": bare_vision(jpgs, eval_transform, 2),
+        CEILING: bare_vision(jpgs, eval_transform, 2),
         "ours, one process, decode_batches(num_threads=2) (README, 2 cores)":
             lambda: ours_vision(photos, eval_transform, 2),
         "ours, DataLoader(2 workers), decode_batches (README vision)":
@@ -98,7 +104,7 @@ def front_doors(photos: list[str], jpgs: list[bytes], sizes: list[int], batch: i
         "ours, DataLoader(2 workers), decode('torchrgb8').map_fields(...) (generic)":
             lambda: DataLoader(generic_recipe(photos, torchvision_eval, batch), batch_size=None, num_workers=2),
     }
-    if through_dataloader2 is not None:
+    if DataLoader2 is not None:
         rows["ours, DataLoader2 + MultiProcessingReadingService(2), decode_batches"] = (
             lambda: through_dataloader2(ours_vision(photos, eval_transform, 0), 2))
     if StatefulDataLoader is not None:
@@ -118,24 +124,12 @@ def front_doors(photos: list[str], jpgs: list[bytes], sizes: list[int], batch: i
     return rows
 
 
-def timed_in_turn(rows: dict[str, Callable[[], Iterable]], count: Callable[[Iterable], int], expect: int,
-                  rounds: int) -> dict[str, tuple[float, float]]:
-    """(median samples/s by the wall clock, median CPU seconds per 1,000 samples) of each row,
-    the rows timed in turn ``rounds`` times; printed as they come."""
-    walls: dict[str, list[float]] = {name: [] for name in rows}
-    cpus: dict[str, list[float]] = {name: [] for name in rows}
-    for _ in range(rounds):
-        for name, make in rows.items():
-            wall, cpu = time.perf_counter(), _cpu_seconds()
-            n = count(make())
-            wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
-            if n != expect:
-                raise SystemExit(f"{name}: got {n} samples, expected {expect}")
-            walls[name].append(n / wall)
-            cpus[name].append(cpu / n * 1000)
-    medians = {name: (statistics.median(walls[name]), statistics.median(cpus[name])) for name in rows}
-    ceiling_wall, ceiling_cpu = next(iter(medians.values()))
+def time_doors(rows: dict[str, Callable[[], Iterable]], expect: int, rounds: int) -> Timings:
+    """Every door in turn ``rounds`` times, each epoch from building its loader; prints the
+    table (medians; ratios to the ceiling paired by round) as it is done."""
+    timings = time_in_turn({name: counted(make) for name, make in rows.items()}, rounds, expect=expect)
     print(f"  {'':<86} {'samples/s':>10} {'/ceiling':>9} {'CPU s/1k':>9} {'ceiling/it':>10}")
-    for name, (wall, cpu) in medians.items():
-        print(f"  {name:<86} {wall:>10,.0f} {wall / ceiling_wall:>9.0%} {cpu:>9.2f} {ceiling_cpu / cpu:>10.0%}")
-    return medians
+    for name in rows:
+        print(f"  {name:<86} {timings.rate(name):>10,.0f} {timings.ratio(name, CEILING).value:>9.0%} "
+              f"{timings.cpu_per(name):>9.2f} {timings.ratio(name, CEILING, of='cpu').value:>10.0%}")
+    return timings

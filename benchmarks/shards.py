@@ -1,4 +1,6 @@
-"""Benchmark data: shards of random-texture JPEGs with a class label, written by webdataset."""
+"""The benchmarks' data, written once and reused between runs: shards of photo-like JPEGs,
+of uniform small JPEGs and of random payloads, each sample with a class label, written by
+webdataset's ShardWriter (the peer every benchmark reads beside ours)."""
 
 from __future__ import annotations
 
@@ -40,9 +42,11 @@ def _jpeg(rng: np.random.Generator, size: int, quality: int) -> bytes:
     return out.getvalue()
 
 
-def make_photo_shards(folder: str, count: int = 2000, per_shard: int = 250, seed: int = 0) -> list[str]:
+def make_photo_shards(folder: str, count: int = 2000, per_shard: int | None = None, seed: int = 0) -> list[str]:
     """Photo-like JPEGs of 300-500 px per side (quality 90, ~50 KB each) with a class label,
-    written by webdataset's ShardWriter; returns the shard paths (reused between runs)."""
+    written by webdataset's ShardWriter, ``per_shard`` a shard (by default 250, and at least 4
+    shards: 2 loader workers get 2 each); returns the shard paths (reused between runs)."""
+    per_shard = per_shard or min(250, max(1, count // 4))
     os.makedirs(folder, exist_ok=True)
     shards = (count + per_shard - 1) // per_shard
     pattern = os.path.join(folder, "photos-%06d.tar")

@@ -1,14 +1,15 @@
 """One S3 client per process, timed reading whole objects: the worker side of
-``bench_storage.py --clients`` (the client-library comparison of docs/storage.md, "Speed").
+``bench_storage``'s client table (part 1).
 
-    python benchmarks/storage_clients.py CLIENT ENDPOINT
+    python -m benchmarks.storage_clients CLIENT ENDPOINT
 
 Reads JSON requests from stdin, one a line: ``{"bucket": B, "keys": [K, ...]}``; reads every
 object ``B/K`` in turn, streamed in 1 MiB pieces where the client streams, and answers one
-JSON line ``{"seconds": S, "bytes": N}``. Only the standard library is imported at the top,
-so that a venv holding just one client (s3fs cannot share one with boto3 1.44: its
-aiobotocore pins an older botocore) can run this file. ENDPOINT is the AIStore proxy;
-the S3 API is ``ENDPOINT/s3``, path style, any credentials (auth off).
+JSON line ``{"seconds": S, "bytes": N}``. Only the standard library is imported at the top
+(and ``benchmarks/__init__.py`` imports nothing), so that a venv holding just one client
+(s3fs cannot share one with boto3 1.44: its aiobotocore pins an older botocore) can run
+this module with the checkout on ``PYTHONPATH``. ENDPOINT is the AIStore proxy; the S3 API
+is ``ENDPOINT/s3``, path style, any credentials (auth off).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The vision loops that bench_pipeline's sections 3, 3b and 4 time, and the helpers other
-benchmarks take from it (worker_time.py, paired_front_doors.py): the bare loop (the ceiling),
-ours, webdataset's usual recipe, and the loaders with workers kept across epochs.
-
-Moved out of bench_pipeline.py to keep it under 500 lines; bench_pipeline re-exports them.
+"""The vision loops that bench_pipeline's sections 2-4, bench_nodes and the probes time: the
+bare loop (the ceiling), ours, webdataset's usual recipe, and the loaders with workers kept
+across epochs; ``counted`` makes any of them a path for the harness (a run returns the
+samples it yielded).
 """
 
 from __future__ import annotations
@@ -47,6 +46,11 @@ def count_samples(items: Iterable) -> int:
         else:
             n += 1
     return n
+
+
+def counted(make: Callable[[], Iterable]) -> Callable[[], int]:
+    """A harness path: makes a fresh iterable, reads it whole, returns its samples."""
+    return lambda: count_samples(make())
 
 
 def torchvision_transform(transform) -> Callable[[torch.Tensor], torch.Tensor]:

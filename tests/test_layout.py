@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("wds_datapipes", "aisio")
+PACKAGES = ("wds_datapipes", "aisio", "benchmarks")  # benchmarks: in the graph for its layers and circles
 LONGEST = 500  # lines: past this a module hides its structure
 
 # What each room of wds_datapipes may import, besides itself. The shared basics (errors,
@@ -178,12 +178,26 @@ def test_no_benchmark_example_or_test_file_is_longer_either(path):
     assert lines <= LONGEST, f"{path} has {lines} lines: split it where a natural seam is"
 
 
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("benchmarks")))
+def test_benchmarks_import_only_down(name):
+    """benchmarks/ in layers: the harness at the bottom imports nothing else of the package;
+    what benchmarks share sits above it; nothing imports a benchmark or a probe (``bench_*``,
+    ``probe_*``), the top."""
+    for target in GRAPH[name]:
+        if name.startswith("benchmarks.harness"):
+            assert not target.startswith("benchmarks.") or target.startswith("benchmarks.harness"), \
+                f"{name} (the harness) imports {target}"
+        assert not target.split(".")[-1].startswith(("bench_", "probe_")) or not target.startswith("benchmarks."), \
+            f"{name} imports {target}: what two benchmarks share goes in a module below them"
+
+
 def test_the_checks_above_would_see_a_circle_and_an_upward_import():
     """The graph these tests read is the real one: known edges are in it, lazy and
     annotation-only imports included, and a circle in a graph is found."""
     assert "wds_datapipes.tar" in GRAPH["wds_datapipes.shards.tar_loader"]
     assert "wds_datapipes.epochs.epoch_pipe" in GRAPH["wds_datapipes.loaders.hooks"]
     assert "aisio.local_etl" in GRAPH["aisio.listing"]  # a lazy import counts too
+    assert {"benchmarks.harness", "benchmarks.front_doors"} <= GRAPH["benchmarks.bench_pipeline"]
     assert "wds_datapipes.decoding.specs" in GRAPH["wds_datapipes.decoding.media"]  # under TYPE_CHECKING too
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _circles({"a": {"b"}, "b": set()}) == []

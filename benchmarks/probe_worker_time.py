@@ -12,29 +12,29 @@ workers themselves (``time.perf_counter`` is one clock for every process of the 
   joined);
 - the main process's CPU per batch.
 
-Usage: ``python benchmarks/worker_time.py [--rounds 3] [--profile DIR]`` (``--profile`` writes a
-cProfile of each worker's iteration to DIR/worker-PID.prof). Wall times on a loaded machine
-are noisy; the CPU columns are not.
+Usage: ``python -m benchmarks.probe_worker_time [--rounds 3] [--profile DIR] [--quick]``
+(``--profile`` writes a cProfile of each worker's iteration to DIR/worker-PID.prof). The
+ceiling and the loader's epoch take turns, the order reversed every other round; each
+phase prints every round and their median. Wall times on a loaded machine are noisy; the
+CPU columns are not. ``--quick``: 256 photos, one round.
 """
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import json
 import os
 import resource
-import statistics
-import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 from torch.utils.data import DataLoader, IterDataPipe
 
 import wds_datapipes as wd
+from benchmarks.harness import PROCESS_CLOCK, Bench, in_turn, median
+from benchmarks.shards import make_photo_shards
+from benchmarks.vision_loops import EVAL, bare_vision, counted, ours_vision
 from wds_datapipes.pipes import shared_batches
 
 
@@ -75,8 +75,6 @@ def _usage(u) -> tuple[float, float, int]:
 
 
 def one_epoch(photos: list[str], folder: str, profile: bool) -> dict:
-    from bench_pipeline import EVAL, ours_vision
-
     for name in os.listdir(folder):
         os.remove(os.path.join(folder, name)) if name.endswith(".json") else None
     children0 = _usage(resource.getrusage(resource.RUSAGE_CHILDREN))
@@ -118,9 +116,10 @@ def report(epoch: dict) -> dict[str, float]:
         out[f"w{i}_samples"] = sum(b[1] for b in w["batches"])
         out[f"w{i}_batches"] = len(w["batches"])
         out[f"w{i}_fresh_buffers"] = w["buffers"]
-        out[f"w{i}_user_ms"] = 1000 * (u1 - u0) / samples_after_first
-        out[f"w{i}_sys_ms"] = 1000 * (s1 - s0) / samples_after_first
-        out[f"w{i}_faults_per_batch"] = (f1 - f0) / (len(w["batches"]) - 1)
+        later = samples_after_first or float("nan")  # a worker of one batch has no steady state
+        out[f"w{i}_user_ms"] = 1000 * (u1 - u0) / later
+        out[f"w{i}_sys_ms"] = 1000 * (s1 - s0) / later
+        out[f"w{i}_faults_per_batch"] = (f1 - f0) / ((len(w["batches"]) - 1) or float("nan"))
         out[f"w{i}_last"] = w["end"] - built
         out[f"w{i}_total_cpu"] = u1 + s1
     out["last_batch_made"] = max(w["end"] for w in epoch["workers"]) - built
@@ -129,34 +128,32 @@ def report(epoch: dict) -> dict[str, float]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-datapipes-bench"))
-    parser.add_argument("--photos", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--profile", default=None, help="a folder for each worker's cProfile")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    bench = Bench("probe_worker_time", __doc__, rounds=3)
+    bench.parser.add_argument("--photos", type=int, default=2000)
+    bench.parser.add_argument("--profile", default=None, help="a folder for each worker's cProfile")
+    args = bench.parse(argv)
+    if args.quick:
+        args.photos = min(args.photos, 256)  # 4 shards of 64: each worker makes 2 batches
     torch.set_num_threads(1)
-    from bench_pipeline import EVAL, bare_vision, count_samples, front_doors  # noqa: F401
-    from shards import make_photo_shards
-
     photos = make_photo_shards(os.path.join(args.data, "photos"), args.photos)
     jpgs = [s["jpg"] for s in wd.ShardLister(photos).load_tar().group_by_key()]
-    ceiling = bare_vision(jpgs, EVAL, 2)
+    ceiling = counted(bare_vision(jpgs, EVAL, 2))
     folder = args.profile or tempfile.mkdtemp()
     os.makedirs(folder, exist_ok=True)
     rows: list[dict[str, float]] = []
-    ceilings: list[tuple[float, float]] = []
-    for _ in range(args.rounds):
-        t, c = time.perf_counter(), time.process_time()
-        count_samples(ceiling())
-        ceilings.append((time.perf_counter() - t, time.process_time() - c))
-        rows.append(report(one_epoch(photos, folder, args.profile is not None)))
-    print(f"ceiling: wall {statistics.median(w for w, _ in ceilings):.3f} s, "
-          f"CPU {1000 * statistics.median(c for _, c in ceilings) / len(jpgs):.2f} ms/sample")
-    for key in rows[0]:
-        values = [r[key] for r in rows]
-        print(f"  {key:<22} " + "  ".join(f"{v:9.3f}" for v in values) + f"   median {statistics.median(values):9.3f}")
+    ceilings = []
+    with bench.results(args):
+        for _, path in in_turn(args.rounds, ["ceiling", "loader"]):
+            if path == "ceiling":
+                ceilings.append(PROCESS_CLOCK.run(ceiling))
+            else:
+                rows.append(report(one_epoch(photos, folder, args.profile is not None)))
+        print(f"ceiling: wall {median(r.wall for r in ceilings):.3f} s, "
+              f"CPU {1000 * median(r.cpu for r in ceilings) / len(jpgs):.2f} ms/sample (medians)")
+        for key in rows[0]:
+            values = [r[key] for r in rows]
+            print(f"  {key:<22} " + "  ".join(f"{v:9.3f}" for v in values) + f"   median {median(values):9.3f}")
 
 
 if __name__ == "__main__":

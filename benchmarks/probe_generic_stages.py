@@ -1,7 +1,8 @@
 """Where a DataLoader worker's CPU goes in the generic recipe, stage by stage, beside decode_batches.
 
 Three pipes on the same photos, each under ``DataLoader(num_workers=2)``, timed in turn
-``--rounds`` times (a slow spell of a shared machine falls on all of them):
+``--rounds`` times, the order reversed every other round (a slow spell of a shared machine
+falls on all of them):
 
 - ``decode_batches``: section 3b's README recipe (decode, resize, crop and copy into the
   batch in one stage, torchvision's functional ``resize`` on the decoded view);
@@ -17,26 +18,26 @@ minus its source's. Printed per sample (ms, medians of the rounds): each stage's
 the workers, the workers' user and kernel time and minor page faults (``getrusage``), and
 the whole path's CPU (this process and its reaped workers, as section 3b counts it).
 
-Usage: ``python benchmarks/generic_stages.py [--rounds 5] [--photos 2000]``.
+Usage: ``python -m benchmarks.probe_generic_stages [--rounds 5] [--photos 2000] [--quick]``
+(``--quick``: 64 photos, one round).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 from torch.utils.data import DataLoader, IterDataPipe
 
 import wds_datapipes as wd
+from benchmarks.harness import Bench, in_turn, median, own_and_reaped_cpu
+from benchmarks.shards import make_photo_shards
+from benchmarks.vision_loops import BATCH, EVAL, ours_vision, torchvision_transform
 from wds_datapipes.decoding.batch_decoder import BatchDecoder
 from wds_datapipes.decoding.decoder import Decoder
 from wds_datapipes.pipes.batching import Batcher
@@ -75,8 +76,6 @@ def functional_eval(image: torch.Tensor) -> torch.Tensor:
 
 
 def staged_pipe(variant: str, photos: list[str], spent: dict[str, float]):
-    from bench_pipeline import BATCH, EVAL, torchvision_transform
-
     pipe = Stage(wd.ShardLister(photos).load_tar().group_by_key(), "read", spent)
     if variant == "decode_batches":
         pipe = Stage(BatchDecoder(pipe, "torchrgb8", batch_size=BATCH, num_threads=0, transform=EVAL),
@@ -115,9 +114,9 @@ def one_epoch(variant: str, photos: list[str], folder: str) -> dict[str, float]:
     """The workers' per-sample records (averaged over the two) and the whole path's CPU per sample."""
     for name in os.listdir(folder):
         os.remove(os.path.join(folder, name))
-    cpu = _cpu_seconds()
+    cpu = own_and_reaped_cpu()
     n = sum(len(labels) for _, labels in DataLoader(Measured(variant, photos, folder), batch_size=None, num_workers=2))
-    whole = 1000 * (_cpu_seconds() - cpu) / n
+    whole = 1000 * (own_and_reaped_cpu() - cpu) / n
     workers = []
     for name in os.listdir(folder):
         with open(os.path.join(folder, name)) as f:
@@ -125,36 +124,29 @@ def one_epoch(variant: str, photos: list[str], folder: str) -> dict[str, float]:
     return {**{k: statistics.mean(w[k] for w in workers) for k in workers[0]}, "whole path": whole}
 
 
-def _cpu_seconds() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "wds-datapipes-bench"))
-    parser.add_argument("--photos", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    bench = Bench("probe_generic_stages", __doc__, rounds=5)
+    bench.parser.add_argument("--photos", type=int, default=2000)
+    args = bench.parse(argv)
+    if args.quick:
+        args.photos = min(args.photos, 64)
     torch.set_num_threads(1)
-    from bench_pipeline import EVAL, ours_vision
-    from shards import make_photo_shards
-
     photos = make_photo_shards(os.path.join(args.data, "photos"), args.photos)
     ours_vision(photos, EVAL, 0)  # a decoder built before the workers fork (Pillow's plugins), as in 3b
     variants = ("decode_batches", "generic, v2 Compose", "generic, functional")
     folder = tempfile.mkdtemp()
     rows: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-    for _ in range(args.rounds):
-        for variant in variants:
+    with bench.results(args):
+        for round_, variant in in_turn(args.rounds, variants):
             rows[variant].append(one_epoch(variant, photos, folder))
-        print(f"round done; load average {os.getloadavg()[0]:.1f}", flush=True)
-    columns = [*STAGES, "user", "sys", "faults", "whole path"]
-    print(f"\n  ms per sample, medians of {args.rounds} rounds; stages and user/sys/faults in a worker")
-    print(f"  {'':<22}" + "".join(f"{c:>11}" for c in columns))
-    for variant, records in rows.items():
-        cells = [statistics.median(r[c] for r in records) if c in records[0] else None for c in columns]
-        print(f"  {variant:<22}" + "".join(f"{'-':>11}" if c is None else f"{c:>11.3f}" for c in cells))
+            if variant == (variants[-1] if round_ % 2 == 0 else variants[0]):
+                print(f"round {round_ + 1} done; load average {os.getloadavg()[0]:.1f}", flush=True)
+        columns = [*STAGES, "user", "sys", "faults", "whole path"]
+        print(f"\n  ms per sample, medians of {args.rounds} rounds; stages and user/sys/faults in a worker")
+        print(f"  {'':<22}" + "".join(f"{c:>11}" for c in columns))
+        for variant, records in rows.items():
+            cells = [median(r[c] for r in records) if c in records[0] else None for c in columns]
+            print(f"  {variant:<22}" + "".join(f"{'-':>11}" if c is None else f"{c:>11.3f}" for c in cells))
 
 
 if __name__ == "__main__":
