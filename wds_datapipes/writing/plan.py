@@ -20,6 +20,8 @@ from ..errors import ShardWriteError
 from ..tar.build import header_size
 from ..tar.headers import BLOCK
 
+_BIG = 8**11  # a size the ustar field cannot hold (8 GiB): a PAX record for it
+
 
 def member_cost(name: str, size: int) -> int:
     """The tar bytes one member named ``name`` takes: its header, as the tar builder writes it
@@ -35,7 +37,11 @@ def sample_cost(key: str, fields: Sequence[tuple[str, int]]) -> int:
     Raises :class:`~wds_datapipes.errors.ShardWriteError` for a name no tar holds: one with
     a NUL, or a lone surrogate that is not a file name's undecodable byte."""
     total = 0
+    plain = key.isascii() and "\0" not in key
     for suffix, size in fields:  # a loop, not sum() of a generator: once a sample, in the writer's parent
+        if plain and len(key) + len(suffix) < 100 and size < _BIG and suffix.isascii() and "\0" not in suffix:
+            total += BLOCK + -(-size // BLOCK) * BLOCK  # the builder's one-block case, without building the name
+            continue
         try:
             total += member_cost(f"{key}.{suffix}", size)
         except UnicodeEncodeError as exn:
