@@ -23,7 +23,9 @@ _GOALS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.
 
 
 class Tee:
-    """A text stream that writes to each of its streams (the terminal and the results file)."""
+    """A text stream that writes to each of its streams (the terminal and the results file),
+    flushed at once: a process forked later (a loader's worker) holds no copy of a buffer
+    that it could write again when it exits."""
 
     def __init__(self, *streams):
         self.streams = streams
@@ -31,6 +33,7 @@ class Tee:
     def write(self, text: str) -> int:
         for stream in self.streams:
             stream.write(text)
+            stream.flush()
         return len(text)
 
     def flush(self) -> None:
