@@ -57,7 +57,7 @@ def _planned(samples: list[dict]) -> int:
                            for s in samples)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(samples=_samples())
 def test_the_planned_bytes_are_the_written_files_bytes(tmp_path_factory, samples):
@@ -79,14 +79,14 @@ def test_the_planned_bytes_are_the_written_files_bytes(tmp_path_factory, samples
         assert listed.split(b"\n")[:-1] == [name.encode("utf-8", "surrogateescape") for name, _ in want]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(name=_key(), size=_SIZES)
 def test_a_members_cost_is_its_header_and_padded_data(name, size):
     """oracle: the length of the header the builder makes, plus the data rounded up to a block."""
     assert member_cost(name, size) == len(member_header(name, size)) + -(-size // BLOCK) * BLOCK
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(samples=_samples(), maxsize=st.integers(2 * BLOCK, 12 * BLOCK))
 def test_no_shard_passes_maxsize_but_a_sample_alone(tmp_path_factory, samples, maxsize):
