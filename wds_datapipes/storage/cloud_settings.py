@@ -5,7 +5,9 @@ Everything else comes from each cloud's standard environment, read by obstore in
 process that builds the store: ``AWS_*`` (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_REGION``, ``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``, ...), ``GOOGLE_*``
 (``GOOGLE_SERVICE_ACCOUNT``, ``GOOGLE_APPLICATION_CREDENTIALS``, ...), ``AZURE_*``
-(``AZURE_STORAGE_ACCOUNT_NAME``, ``AZURE_STORAGE_ACCOUNT_KEY``, ...), and instance metadata.
+(``AZURE_STORAGE_ACCOUNT_NAME``, ``AZURE_STORAGE_ACCOUNT_KEY``, ...), and instance metadata;
+and here, as the official clients read them, ``AZURE_STORAGE_CONNECTION_STRING`` and
+``STORAGE_EMULATOR_HOST`` (:mod:`.cloud_env`).
 
 :class:`StoreSettings` overrides that in code, for every URL under a prefix
 (:func:`set_store_settings`): an endpoint (an S3-compatible server such as AIStore's
@@ -37,6 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ShardOpenError
 from ..limits import Limits
+from . import cloud_env
 
 SCHEMES = ("s3", "gs", "az")
 SETTINGS_ENV = "WDS_STORE_SETTINGS"
@@ -139,6 +142,7 @@ class StoreSettings:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StoreSettings:
+        """The settings from their JSON form (lists where the fields hold tuples)."""
         return cls(**{k: (tuple(map(tuple, v)) if isinstance(v, list) else v) for k, v in data.items()})
 
 
@@ -222,13 +226,24 @@ def customer_keyed(scheme: str, settings: StoreSettings) -> bool:
 def _env_endpoint(scheme: str) -> str:
     """The endpoint ``scheme``'s environment sets for obstore (the first of its variables, as
     ``build_store`` reads them), without a ``user:password@`` or a query; "" where none.
-    For ``az://``, the account too (two accounts' container/key are two objects)."""
+    For ``az://``, the account too (two accounts' container/key are two objects). Google's
+    emulator host, and an Azure connection string's endpoint and account, where they are
+    read (:func:`_environment_options`)."""
     endpoint = next((os.environ[v] for v in _ENDPOINT_ENV[scheme] if os.environ.get(v)), "")
+    account = next((os.environ[v] for v in _ACCOUNT_ENV if os.environ.get(v)), "") if scheme == "az" else ""
+    if scheme == "gs":
+        endpoint = cloud_env.gcs_emulator(os.environ) or endpoint
+    if scheme == "az":
+        try:
+            connection = cloud_env.azure_connection(os.environ)
+        except cloud_env.ConfigError:  # refused where the store is built, naming what is wrong
+            connection = None
+        if connection:
+            endpoint, account = connection["endpoint"], connection["account_name"]
     if endpoint:
         parts = urlsplit(endpoint)
         endpoint = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
     if scheme == "az":
-        account = next((os.environ[v] for v in _ACCOUNT_ENV if os.environ.get(v)), "")
         endpoint = " ".join(part for part in (endpoint, account and f"account={account}") if part)
     return endpoint
 
@@ -340,7 +355,8 @@ def build_store(scheme: str, bucket: str, settings: StoreSettings, limits: Limit
     ``http_timeout``): the resuming stream above keeps the budget for reads."""
     obstore_module()
     store_module = importlib.import_module("obstore.store")
-    config: dict[str, Any] = dict(settings.options)
+    config: dict[str, Any] = dict(_environment_options(scheme, settings))
+    config.update(settings.options)
     for option, variable in settings.credentials_env:
         value = os.environ.get(variable)
         if value is None:
@@ -356,7 +372,8 @@ def build_store(scheme: str, bucket: str, settings: StoreSettings, limits: Limit
         config["skip_signature"] = True
     allow_http = settings.allow_http
     if allow_http is None:  # client options given replace obstore's reading of *_ALLOW_HTTP: read it here
-        endpoint = settings.endpoint or next((os.environ[v] for v in _ENDPOINT_ENV[scheme] if v in os.environ), "")
+        endpoint = (settings.endpoint or config.get("endpoint") or config.get("base_url")
+                    or next((os.environ[v] for v in _ENDPOINT_ENV[scheme] if v in os.environ), ""))
         allow_http = endpoint.startswith("http://") or os.environ.get(_ALLOW_HTTP_ENV[scheme], "").lower() in (
             "1", "true", "yes")
     client: dict[str, Any] = {"timeout": _DEFAULT_TIMEOUT, "connect_timeout": timedelta(seconds=5)}
@@ -367,10 +384,37 @@ def build_store(scheme: str, bucket: str, settings: StoreSettings, limits: Limit
     retry = {"max_retries": min(2, limits.http_retries),
              "retry_timeout": timedelta(seconds=max(1.0, min(limits.http_timeout or 30.0, 30.0))),
              "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2)}}
-    provider = _provider(settings.credential_provider)
+    provider = _provider(settings.credential_provider) or config.pop("credential_provider", None)
     cls = {"s3": store_module.S3Store, "gs": store_module.GCSStore, "az": store_module.AzureStore}[scheme]
     extra = {"credential_provider": provider} if provider is not None else {}
     return cls(bucket, config=config, client_options=client, retry_config=retry, **extra)
+
+
+def _environment_options(scheme: str, settings: StoreSettings) -> dict[str, Any]:
+    """The store options the cloud's usual variables give that obstore does not read itself
+    (:mod:`.cloud_env`): an Azure connection string, Google's storage emulator host. Settings
+    in code that name the account, the endpoint or the credentials come first: then neither
+    is read. Raises cloud_env.ConfigError for a connection string that cannot be used."""
+    named = {name for name, _ in (*settings.options, *settings.credentials_env)}
+    if scheme == "az" and not named & {"account_name", "use_emulator"}:
+        return cloud_env.azure_connection(os.environ) or {}
+    if (scheme == "gs" and settings.endpoint is None and not settings.credentials_env
+            and settings.credential_provider is None and (emulator := cloud_env.gcs_emulator(os.environ))):
+        return {"base_url": emulator, "credential_provider": cloud_env.no_token}
+    return {}
+
+
+def unsigned(scheme: str, settings: StoreSettings) -> bool:
+    """Whether ``scheme``'s store for ``settings`` sends unsigned requests (anonymous, or
+    Google's storage emulator): it cannot presign a URL, so none is asked of it."""
+    return settings.anonymous or (scheme == "gs" and "base_url" in _environment_options(scheme, settings))
+
+
+def gcs_base_url(settings: StoreSettings) -> str:
+    """Where a ``gs://`` store for ``settings`` sends its requests: the settings' endpoint, the
+    emulator host, ``$GOOGLE_BASE_URL``, else Google's."""
+    return (settings.endpoint or _environment_options("gs", settings).get("base_url")
+            or os.environ.get("GOOGLE_BASE_URL") or "https://storage.googleapis.com").rstrip("/")
 
 
 def _provider(spec: str | None):
@@ -382,7 +426,7 @@ def _provider(spec: str | None):
 
 _stores: dict[tuple, Any] = {}
 # The variables a store reads where it is built: a store is built again when they change.
-_ENV_PREFIXES = {"s3": ("AWS_",), "gs": ("GOOGLE_", "STORAGE_EMULATOR"), "az": ("AZURE_",)}
+_ENV_PREFIXES = {"s3": ("AWS_",), "gs": ("GOOGLE_", "STORAGE_EMULATOR"), "az": ("AZURE_", "AZURITE_")}
 
 
 def store_for(scheme: str, bucket: str, settings: StoreSettings, limits: Limits):

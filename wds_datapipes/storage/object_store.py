@@ -24,18 +24,30 @@ from __future__ import annotations
 import logging
 import os
 import re
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ShardOpenError, ShardWriteError
 from ..limits import Limits, get_limits
 from .backend import SHARD_SUFFIXES, Backend
-from .cloud_settings import ObjectUrl, customer_keyed, settings_for, stores_of, with_stores
+from .cloud_settings import (
+    ObjectUrl,
+    customer_keyed,
+    gcs_base_url,
+    settings_for,
+    stores_of,
+    unsigned,
+    with_stores,
+)
 from .resuming import Body, Opened, ResumingStream
 from .retry import Attempts, RetryPolicy
 from .signed_get import SIGNED_FOR_S, SignedUrl, open_signed, proxied
 from .store_calls import (
     CHANGED,
+    CONFIG,
     CREDENTIALS,
     DENIED,
     MISSING_BUCKET,
@@ -63,8 +75,9 @@ _unsigned: set[tuple[int, Target]] = set()  # (process, store) that could not pr
 
 _CREDENTIAL_HINTS = {
     "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE through a credential_provider)",
-    "gs": "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT",
-    "az": "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or a SAS token)",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (for an emulator: STORAGE_EMULATOR_HOST)",
+    "az": "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY "
+          "(or AZURE_STORAGE_SAS_KEY)",
 }
 
 
@@ -84,8 +97,16 @@ def explain(failure: StoreFailure, obj: ObjectUrl) -> str:
         CREDENTIALS: f"no usable credentials for {where}: set {_CREDENTIAL_HINTS[obj.scheme]}, or name them in "
                      "StoreSettings (docs/storage.md)",
         CHANGED: f"the object {obj} changed while it was read (its ETag no longer matches)",
+        CONFIG: f"the settings for {where} cannot be used{_missing(failure, obj.scheme)}",
     }.get(failure.kind, f"{failure.kind} failure")
     return f"{words} ({failure.message})"
+
+
+def _missing(failure: StoreFailure, scheme: str) -> str:
+    """What the settings lack, where obstore's words (which follow) do not say where to set it."""
+    if "account must be specified" in failure.message.lower():
+        return f": no storage account is named; set {_CREDENTIAL_HINTS[scheme]}, or name it in StoreSettings"
+    return ""
 
 
 class _Chunks(Body):
@@ -125,7 +146,8 @@ class ObjectStream(ResumingStream):
     half its hour is gone or on a 403. Where the store cannot presign (fake-gcs-server; a
     GCS login with no signing key; an anonymous store), a proxy is configured, or a URL
     just signed is denied, obstore's GET carries the bytes instead (in a forked process:
-    through its agent), for that store in this process.
+    through its agent), for that store in this process. An unsigned store (anonymous, or
+    Google's storage emulator) is not asked to sign at all.
     """
 
     def __init__(self, url: str, start: int = 0, limits: Limits | None = None):
@@ -136,7 +158,8 @@ class ObjectStream(ResumingStream):
         self._signed: SignedUrl | None = None
         self._direct = (PRESIGNED_READS and (self.object.scheme in SIGNED_IN_PROCESS or forked_after_runtime())
                         and (os.getpid(), self._target) not in _unsigned
-                        and not customer_keyed(self.object.scheme, self._target.settings))
+                        and not customer_keyed(self.object.scheme, self._target.settings)
+                        and not unsigned(self.object.scheme, self._target.settings))
         super().__init__(url, start, RetryPolicy.for_limits(self._target.limits))
 
     def _request(self, offset: int) -> Opened:
@@ -180,6 +203,8 @@ class ObjectStream(ResumingStream):
             if proxied(signed):
                 raise StoreFailure("a proxy is configured", "obstore honours it, http.client does not")
         except StoreFailure as failure:
+            if failure.kind == CONFIG:
+                raise  # the store cannot be built: obstore's GET could not build it either
             self._unsignable(failure)
             return False
         self._signed = signed
@@ -217,15 +242,35 @@ _HEADER_MISSING = frozenset({400, 409})
 def _refined(failure: StoreFailure, target: Target, obj: ObjectUrl) -> StoreFailure:
     """A missing object told apart from a missing bucket where the server's answer did not
     (fake-gcs-server answers a bare 404 to both): one listing of the key's prefix asks the
-    bucket. Only on this error's path, so it costs nothing otherwise."""
+    bucket (a 404 to it: the bucket is missing), and where that cannot tell either, an
+    emulator's bucket resource (:func:`_bucket_absent`). Only on this error's path, so it
+    costs nothing otherwise."""
     if failure.kind != MISSING_OBJECT:
         return failure
     try:
         next(iter(calls().list_pages(target, obj.key.rpartition("/")[0], 1)), None)
+        return failure  # the bucket lists: the object is what is missing
     except StoreFailure as listed:
-        if not_found(listed):
+        if not_found(listed) or _bucket_absent(target):
             return StoreFailure(MISSING_BUCKET, failure.message)
     return failure
+
+
+def _bucket_absent(target: Target) -> bool:
+    """Whether an unsigned ``gs://`` store (Google's storage emulator, an anonymous store) says
+    the bucket does not exist, asked of the JSON API's bucket resource with one plain GET
+    (``/storage/v1/b/BUCKET``: 404), for where its listing cannot say: fake-gcs-server answers
+    a listing in a missing bucket with a 500. False for any other store or answer."""
+    if target.scheme != "gs" or not unsigned("gs", target.settings):
+        return False
+    url = f"{gcs_base_url(target.settings)}/storage/v1/b/{urllib.parse.quote(target.bucket, safe='')}"
+    try:
+        with urllib.request.urlopen(url, timeout=target.limits.http_timeout or 30):
+            return False
+    except urllib.error.HTTPError as answer:
+        return answer.code == 404
+    except (OSError, ValueError):
+        return False
 
 
 def _version(meta: dict[str, Any]) -> str | None:
@@ -288,7 +333,7 @@ def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
                     attempts.progress()
             break
         except StoreFailure as failure:
-            if not_found(failure):  # a listing finds no bucket
+            if not_found(failure) or (after is None and _bucket_absent(target)):  # a listing finds no bucket
                 failure = StoreFailure(MISSING_BUCKET, failure.message)
             why = explain(failure, obj)
             if failure.kind != TRANSIENT:

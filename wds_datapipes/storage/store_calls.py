@@ -9,18 +9,17 @@ process forked after its parent used obstore makes them through an agent: one fr
 ``python -m wds_datapipes.storage.store_agent`` subprocess of its own, answering over a
 pipe. Its object reads ask the agent only for a presigned URL (:func:`sign`) and fetch the
 bytes themselves (:mod:`.signed_get`) where the store can presign; the agent relays the
-bytes where it cannot. Whichever way, obstore's exceptions come back as :class:`StoreFailure`, classified
-by :func:`classify` (missing object, missing bucket, access denied, missing credentials,
-object changed, transient). Every wait on the agent is bounded; an agent that ends or stops
-answering fails the call in flight (transient, naming the object) and is replaced by a
-fresh one for the next call.
+bytes where it cannot. Whichever way, obstore's exceptions come back as a
+:class:`~.store_failures.StoreFailure` of one kind (:mod:`.store_failures`); a store that
+cannot be built (its settings) fails the call at once, before any request. Every wait on
+the agent is bounded; an agent that ends or stops answering fails the call in flight
+(transient, naming the object) and is replaced by a fresh one for the next call.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import re
 import select
 import struct
 import subprocess
@@ -32,77 +31,24 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..errors import redact
+from ..errors import ShardOpenError
 from ..limits import Limits
 from .cloud_settings import StoreSettings, obstore_module, store_for
-
-# What a failure was, as the back end reports it.
-MISSING_OBJECT, MISSING_BUCKET, DENIED, CREDENTIALS, CHANGED, PAST_END, REFUSED, TRANSIENT = (
-    "missing object", "missing bucket", "access denied", "missing or rejected credentials",
-    "the object changed", "range past the end", "request refused", "transient")
-_CLIENT_ERROR = re.compile(r"status code: (4\d\d)")
-_NOT_FOUND = re.compile(r"status code: 404\b")
-
-
-class StoreFailure(Exception):
-    """An obstore call failed: ``kind`` (one of the constants above) and obstore's message, redacted;
-    where our own code saw the HTTP answer (:mod:`.signed_get`), its ``status`` and the
-    seconds its ``Retry-After`` asked for (``retry_after``), else None."""
-
-    def __init__(self, kind: str, message: str, status: int | None = None, retry_after: float | None = None):
-        super().__init__(kind, message)
-        self.kind, self.message, self.status, self.retry_after = kind, message, status, retry_after
-
-    def __str__(self) -> str:
-        return f"{self.kind}: {self.message}"
-
-
-_BUCKET_MISSING = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "specified bucket does not exist")
-# A credential lookup that failed: the instance metadata service (its token or its
-# credentials path), a key missing from the environment, a credentials file.
-_NO_CREDENTIALS = ("/latest/api/token", "/latest/meta-data/iam", "missing accesskeyid", "missing secretaccesskey",
-                   "credential", "metadata endpoint", "missing account", "service account")
-
-
-def classify(exn: BaseException) -> StoreFailure:
-    """``exn`` (what an obstore call raised) as a :class:`StoreFailure` of one kind.
-
-    A missing key and a missing bucket are both FileNotFoundError in obstore: the server's
-    error code in the message tells them apart. A failed credential lookup (no
-    ``AWS_*`` variables, and no instance metadata service answering) is a GenericError
-    naming the metadata endpoint or the credentials."""
-    if isinstance(exn, StoreFailure):
-        return exn
-    name = type(exn).__name__
-    message = " ".join(redact(str(exn).split("\n\nDebug source:", 1)[0]).split())[:600]
-    text = str(exn)
-    lower = text.lower()
-    if name == "PreconditionError":
-        return StoreFailure(CHANGED, message)
-    if name == "UnauthenticatedError":
-        return StoreFailure(CREDENTIALS, message)
-    if name == "PermissionDeniedError" or " 403 " in text:
-        return StoreFailure(DENIED, message)
-    if any(code.lower() in lower for code in _BUCKET_MISSING) or ("bucket" in lower and "does not exist" in lower):
-        return StoreFailure(MISSING_BUCKET, message)
-    if isinstance(exn, FileNotFoundError) or name == "NotFoundError":
-        return StoreFailure(MISSING_OBJECT, message)
-    if name == "GenericError" and any(word in lower for word in _NO_CREDENTIALS):
-        return StoreFailure(CREDENTIALS, message)
-    if isinstance(exn, ImportError):
-        raise exn
-    status = _CLIENT_ERROR.search(text)
-    if (status and status.group(1) == "416") or "wanted range starting at" in lower:  # Azure checks it itself
-        return StoreFailure(PAST_END, message)
-    if status and status.group(1) not in ("408", "429"):  # the server refuses: asking again changes nothing
-        return StoreFailure(REFUSED, message)
-    return StoreFailure(TRANSIENT, f"{name}: {message}")
-
-
-def not_found(failure: StoreFailure) -> bool:
-    """Whether the server answered 404 (a missing object, or to a listing a missing bucket):
-    the kind, or the status in obstore's words, never a "404" in a URL or a bucket's name."""
-    return failure.kind in (MISSING_OBJECT, MISSING_BUCKET) or bool(_NOT_FOUND.search(failure.message))
+from .store_failures import (  # noqa: F401 - the kinds and classify, by their old names here too
+    CHANGED,
+    CONFIG,
+    CREDENTIALS,
+    DENIED,
+    MISSING_BUCKET,
+    MISSING_OBJECT,
+    PAST_END,
+    REFUSED,
+    TRANSIENT,
+    StoreFailure,
+    classify,
+    not_found,
+    words,
+)
 
 
 @dataclass(frozen=True)
@@ -197,7 +143,15 @@ def sign(target: Target, key: str, expires_s: float) -> str:
 def _store(target: Target):
     global _runtime_pid
     _runtime_pid = _runtime_pid or os.getpid()
-    return store_for(target.scheme, target.bucket, target.settings, target.limits)
+    try:
+        return store_for(target.scheme, target.bucket, target.settings, target.limits)
+    except ImportError:
+        raise
+    except ShardOpenError as exn:  # a variable StoreSettings.credentials_env names is not set
+        raise StoreFailure(CONFIG, exn.reason or str(exn)) from None
+    except Exception as exn:  # noqa: BLE001 - a store not built: its settings, never the network (no request yet)
+        failure = classify(exn)
+        raise (failure if failure.kind == CREDENTIALS else StoreFailure(CONFIG, words(exn))) from None
 
 
 _CHUNK = 256 << 10  # the least a stream chunk holds: 256 KiB read 0.86-1.6x plain HTTP here, 1 MiB 0.56-0.64x
