@@ -176,3 +176,14 @@ def test_a_credentials_variable_that_is_not_set_fails_at_once_naming_it(monkeypa
                                                         "secret_access_key": "TEAM_SECRET_42"}))
     failed = _fails_at_once(monkeypatch, caplog, lambda: open_shard("s3://b/k.tar", 0, LIMITS))
     assert "the settings for s3://b cannot be used" in str(failed) and "$TEAM_KEY_ID_42" in str(failed)
+
+
+def test_no_azure_account_fails_at_once_through_the_store_agent_too(monkeypatch, caplog, forked):
+    """In a process forked after obstore started, the store is built in its agent: the same
+    words come back over the pipe, and nothing is retried (no "trying again" logged)."""
+    only(monkeypatch)
+    caplog.set_level(logging.INFO, logger="wds_datapipes")
+    with pytest.raises(ShardOpenError) as failed:
+        open_shard("az://container/shard-0.tar", 0, LIMITS)
+    assert "no storage account is named" in str(failed.value) and "transient" not in str(failed.value)
+    assert not [r for r in caplog.records if "trying again" in r.getMessage()]
