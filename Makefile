@@ -115,6 +115,14 @@ bench-storage: setup
 		$(S3FS_VENV)/bin/python -m pip install --quiet s3fs==2026.9.0; }
 	$(BIN)/python -m benchmarks.bench_storage --s3fs-python $(S3FS_VENV)/bin/python $(BENCH_ARGS)
 
+# The documentation site: the guides (docs/*.md) and the API reference from the docstrings (docs/api/),
+# built by Sphinx into build/docs (open build/docs/index.html). Every warning is an error, a broken
+# reference or link and an undocumented public name included; -E reads every page again, so that no
+# warning hides in an unchanged one. make test builds it too, in tests/test_docs_site.py.
+.PHONY: docs
+docs: setup
+	$(BIN)/python -m sphinx -b html -E -W --keep-going -q docs build/docs
+
 lint: setup
 	$(BIN)/ruff check wds_datapipes aisio tests examples benchmarks
 

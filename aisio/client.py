@@ -109,6 +109,8 @@ class AISUrl:
 
     @classmethod
     def parse(cls, url: str) -> AISUrl:
+        """The parts of an ``ais://`` URL; raises ValueError for another scheme, no bucket, or ETL
+        arguments without ``etl_name``."""
         if not url.startswith("ais://"):
             raise ValueError(f"not an ais:// URL: {url!r}")
         rest = url[len("ais://"):]
@@ -129,9 +131,12 @@ class AISUrl:
         return cls(bucket, obj, etl_name, etl_args, etl_local)
 
     def with_object(self, name: str) -> AISUrl:
+        """The same bucket and ETL, object ``name``."""
         return AISUrl(self.bucket, name, self.etl_name, self.etl_args, self.etl_local)
 
     def with_etl(self, name: str | None, args: str | dict | None = None, local: str | None = None) -> AISUrl:
+        """The same object through ETL ``name`` (None: none), with its ``args`` (a dict becomes
+        compact JSON) and ``local`` server class."""
         if isinstance(args, dict):
             args = json.dumps(args, separators=(",", ":"), sort_keys=True)
         return AISUrl(self.bucket, self.object, name, args if name else None, local if name else None)

@@ -81,6 +81,7 @@ class AISObjectStream(ResumingStream):
 
     @property
     def max_resume(self) -> int | None:
+        """At most this many resumes after the first byte (None: the retry budget decides)."""
         return self.max_resumes
 
     # -- how to ask (ResumingStream's contract)

@@ -32,7 +32,7 @@ def gopen_ais(url: str, mode: str = "rb", bufsize: int = 8192, **kw) -> io.IOBas
 
 
 def register_with_webdataset() -> bool:
-    """Make webdataset open ``ais://`` URLs with :func:`gopen_ais`; ``False`` without webdataset."""
+    """Make webdataset open ``ais://`` URLs with ``gopen_ais``; ``False`` without webdataset."""
     try:
         gopen = importlib.import_module("webdataset.gopen")  # the module (the package exports a function of that name)
     except ImportError:

@@ -52,7 +52,7 @@ for _name in ("wds_datapipes", "aisio"):  # our loggers (a filter is not inherit
 
 class WdsError(Exception):
     """Base class of every error this library raises about data or configuration; its
-    message never shows a secret of the URL or command it names (:func:`redact`)."""
+    message never shows a secret of the URL or command it names (``errors.redact``)."""
 
     def __init__(self, *args: Any):
         super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))

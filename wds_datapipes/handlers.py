@@ -16,6 +16,8 @@ from .errors import redact
 
 logger = logging.getLogger("wds_datapipes")
 
+#: What every stage's ``handler=`` takes: called with the error a stage caught, it raises (the run
+#: stops) or returns True (the bad shard, member or sample is skipped, and logged).
 Handler = Callable[[BaseException], bool]
 
 # Every sample of an exact epoch (ExactEpochs) carries this flag (True for pad repeats).

@@ -47,7 +47,7 @@ class Limits:
             Range request from the byte it reached) after a drop, a reset or a stall without
             a byte arriving before giving up: default 5, with waits of 0.5, 1, 2, 4, 8 s
             between tries; bytes that arrive start the count again
-            (:meth:`wds_datapipes.storage.retry.RetryPolicy.for_limits`).
+            (``wds_datapipes.storage.retry.RetryPolicy.for_limits``).
         pipe_grace: seconds a ``pipe:`` command may run on after its output was read to the
             end; then it is stopped and reported: default 10. A command whose output the
             reader closes before its end (it is done: end of archive, a span's end, a

@@ -54,7 +54,7 @@ class SampleDecoder:
     allow_pickle; pickle is refused unless allow_pickle; non-bytes values pass through
     instead of failing; ``only`` also takes commas; a 16-bit greyscale image is made 8-bit
     by each value's high byte, as Pillow reads 16-bit colour (webdataset's Pillow convert
-    clips it at 255; see :func:`~wds_datapipes.decoding.images.eight_bits`).
+    clips it at 255; see ``decoding.images.eight_bits``).
 
     Args:
         *specs: image spec names, callables and dicts, tried in order before the built-ins.
@@ -63,7 +63,7 @@ class SampleDecoder:
         allow_pickle: trust the data: allow pickle, object arrays in npy/npz, and
             ``torch.load(weights_only=False)``.
         image_formats: None (default) opens each image field only as the format its suffix
-            names (``.jpg`` as JPEG, ``.png`` as PNG; see :func:`image_formats_for`). A list
+            names (``.jpg`` as JPEG, ``.png`` as PNG; see ``decoding.image_formats_for``). A list
             of Pillow format names (``["JPEG", "PNG", "WEBP"]``) opens every image field as
             any of them, for data whose suffixes lie; formats that start another program
             (EPS) open only when named here.

@@ -109,6 +109,7 @@ class CenterCrop:
             raise ValueError(f"need 0 < size <= resize, got size={self.size}, resize={self.resize}")
 
     def crop(self, height: int, width: int, key: str = "", epoch: int = 0) -> Crop:
+        """The crop of an image of ``height`` x ``width`` (the same for every key and epoch)."""
         short, long = (width, height) if width <= height else (height, width)
         new_long = int(self.resize * long / short)  # torchvision's Resize(int) rule
         new_h, new_w = (new_long, self.resize) if width <= height else (self.resize, new_long)
@@ -137,6 +138,8 @@ class RandomResizedCrop:
             raise ValueError(f"flip is a probability, got {self.flip}")
 
     def crop(self, height: int, width: int, key: str = "", epoch: int = 0) -> Crop:
+        """The crop of an image of ``height`` x ``width``: drawn from (``seed``, ``epoch``, ``key``),
+        so a sample gets the same crop in every run and a new one each epoch."""
         rng = random.Random(f"{self.seed}/{epoch}/{key}")
         area = height * width
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))

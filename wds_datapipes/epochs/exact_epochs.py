@@ -51,7 +51,7 @@ class ExactEpochs(EpochPipe):
         allow_pipe: with an index location, let its shard URLs be ``pipe:`` commands.
         limits: the largest member, HTTP timeouts, ...: by default the process's
             :func:`~wds_datapipes.limits.get_limits` when the pipe is built.
-        views: fields as read-only ``memoryview``s instead of ``bytes``. Where the index
+        views: fields as read-only ``memoryview`` objects instead of ``bytes``. Where the index
             has member places, they are slices of the read (up to a megabyte) around them:
             one copy per member (page cache to that read) instead of two, and a sample
             keeps its read alive. ``decode_batches`` decodes images from them; ``decode``

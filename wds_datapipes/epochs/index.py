@@ -264,10 +264,12 @@ class ShardIndex:
 
     @property
     def total(self) -> int:
+        """The number of samples in all the shards."""
         return int(self.sizes.sum())
 
     @property
     def has_offsets(self) -> bool:
+        """Whether the index holds each sample's byte offset (readers can then start mid-shard)."""
         return self._offsets is not None
 
     def url(self, shard: int) -> str:

@@ -126,6 +126,7 @@ class MixedEpochs(EpochPipe):
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The sources' names, in the order the plan keeps them (and ``__source__`` gives)."""
         return self.settings.names
 
     def _windows(self, epoch: int, settings: MixSettings) -> list[Window]:

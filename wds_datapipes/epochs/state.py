@@ -72,6 +72,7 @@ class EpochState:
     # ------------------------------------------------------------ plain dicts (checkpoints)
 
     def to_dict(self) -> dict:
+        """The state as plain values (ints, lists, strings) for a checkpoint; :meth:`from_dict` reads it back."""
         out = {"format": FORMAT, "epoch": self.epoch}
         for name in ("batches", "world", "workers", "rank", "worker", "rotation"):
             if getattr(self, name) is not None:
@@ -90,6 +91,8 @@ class EpochState:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> EpochState:
+        """The state that :meth:`to_dict` gave (an EpochState passes through); raises ValueError for a
+        dict of another format."""
         if isinstance(data, EpochState):
             return data
         if data.get("format") != FORMAT:
@@ -131,7 +134,7 @@ class EpochState:
 @dataclass(frozen=True)
 class SourceWindow:
     """A mixture's source in a saved epoch: its window (``start``, ``count``, ``skip_pass``,
-    ``skip``: :class:`~.mixture.Window`) of its run of passes, and its index's ``samples`` and
+    ``skip``: ``mixture.Window``) of its run of passes, and its index's ``samples`` and
     ``shards`` (to see that it is the same data)."""
 
     name: str

@@ -194,6 +194,7 @@ def reading_service_class() -> type:
                              main_prefetch_cnt=main_prefetch_cnt, **options)
 
         def initialize(self, datapipe):
+            """Starts the workers on ``datapipe`` (torchdata's), with the fixed worker loop."""
             with _fixed_loop():
                 end = super().initialize(datapipe)
             if self._worker_consumer_datapipe is not None and _fixed_loop_class() is not None:
@@ -201,6 +202,7 @@ def reading_service_class() -> type:
             return end
 
         def finalize(self) -> None:
+            """Stops the workers (torchdata's), without the hang of its own finalize (below)."""
             # torchdata's finalize reads each worker's last answer off its queue while the
             # main-process prefetch thread may still be reading the same queue for the
             # consumer loop: whichever gets the answer, the other waits forever (a hang

@@ -69,6 +69,7 @@ class RandomMix(Pipe[T]):
         self.seeds = EpochSeed(seed)
 
     def set_seed(self, seed: int) -> RandomMix[T]:
+        """Seeds the draws (the loaders call it with their seed); returns the pipe."""
         self.seeds.set_seed(seed)
         return self
 

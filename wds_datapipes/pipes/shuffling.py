@@ -45,6 +45,7 @@ class Shuffler(Pipe[T]):
         self.seeds = EpochSeed(seed)
 
     def set_seed(self, seed: int) -> Shuffler[T]:
+        """Seeds the shuffle (the loaders call it with their seed); returns the pipe."""
         self.seeds.set_seed(seed)
         return self
 

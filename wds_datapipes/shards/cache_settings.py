@@ -40,7 +40,7 @@ class CacheSettings:
 
     @property
     def check_after(self) -> float | None:
-        """Seconds after its last check that a cached shard is checked again (None: never)."""
+        """Seconds after its last check that a cached shard is checked again (never if None)."""
         if isinstance(self.revalidate, bool):
             return 0.0 if self.revalidate else None
         return float(self.revalidate)

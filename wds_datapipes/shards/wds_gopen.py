@@ -65,7 +65,7 @@ def gopen_backend(url: str, mode: str = "rb", bufsize: int = 8192, **kw) -> io.I
 
 
 def register_with_webdataset(schemes: tuple[str, ...] = OBJECT_SCHEMES) -> bool:
-    """Make webdataset open URLs of ``schemes`` with :func:`gopen_backend`; ``False`` without webdataset."""
+    """Make webdataset open URLs of ``schemes`` with ``gopen_backend``; ``False`` without webdataset."""
     try:
         gopen = importlib.import_module("webdataset.gopen")  # the module (the package exports a function of that name)
     except ImportError:

@@ -47,10 +47,13 @@ class WriterSettings:
                              "(e.g. out/train-%06d.tar)")
 
     def to_json(self) -> dict:
+        """The settings as a progress record's first line holds them (:meth:`from_json` reads it)."""
         return {"format": FORMAT, **asdict(self)}
 
     @classmethod
     def from_json(cls, entry: dict) -> WriterSettings:
+        """The settings of a record's first line (what :meth:`to_json` gave); raises ValueError for a
+        record of another format."""
         if entry.get("format") != FORMAT:
             raise ValueError(f"not a writer progress record of format {FORMAT}: {entry.get('format')!r}")
         return cls(**{k: v for k, v in entry.items() if k != "format"})

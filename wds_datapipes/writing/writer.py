@@ -83,7 +83,7 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
             encoded by suffix, see :mod:`wds_datapipes.decoding.encoding`; a
             :class:`FileBytes` is copied from its file by the OS); ``__source__``, where
             given, names the input in errors and in the report. A row source (an iterable
-            with ``for_rank(rank, world, maxcount)``: :func:`~.parquet.parquet_samples`)
+            with ``for_rank(rank, world, maxcount)``: ``parquet.parquet_samples``)
             without ``maxsize`` is planned by place: every row, skipped or not, takes one of
             a shard's ``maxcount`` places, and this rank reads only the rows of its shards.
         pattern: the shards' paths, e.g. ``"out/train-%06d.tar"``.
