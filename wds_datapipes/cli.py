@@ -21,29 +21,45 @@ and ``az://`` URLs (:mod:`wds_datapipes.storage.store_options`).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from .epochs.index import ShardIndex, ShardScan, build_index, check_scan_against, scan_shard
-from .epochs.places import ShardPlaces  # noqa: F401 - a name this module has held (docs/layout.md)
-from .errors import WdsError
-from .shards.grouping import group_members
-from .shards.listing import expand_url_spec
-from .shards.openers import list_urls, open_shard, resolve_local, url_scheme  # noqa: F401 - names kept (docs/layout.md)
-from .storage.cloud_settings import PipelineStores, with_stores
 from .storage.store_options import add_store_arguments, store_of_arguments
-from .tar import iter_tar_members
 from .writing.command import add_create_command
 
+if TYPE_CHECKING:
+    from .epochs.index import ShardIndex, ShardScan
+    from .storage.cloud_settings import PipelineStores
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+# The verbs import what they use when they run: ``--help`` and the writer start without numpy or
+# torch (tests/test_startup.py). The names this module has held (docs/layout.md) are found where
+# they live, on first use.
+_KEPT = {
+    "ShardIndex": "epochs.index", "ShardScan": "epochs.index", "build_index": "epochs.index",
+    "check_scan_against": "epochs.index", "scan_shard": "epochs.index", "ShardPlaces": "epochs.places",
+    "WdsError": "errors", "group_members": "shards.grouping", "expand_url_spec": "shards.listing",
+    "list_urls": "shards.openers", "open_shard": "shards.openers", "resolve_local": "shards.openers",
+    "url_scheme": "shards.openers", "iter_tar_members": "tar",
+}
+
+
+def __getattr__(name: str):
+    if name in _KEPT:
+        return getattr(importlib.import_module(f"{__package__}.{_KEPT[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Runs the command line (``wds-datapipes``, ``python -m wds_datapipes``) on ``argv``
+    (default: ``sys.argv[1:]``); returns the exit status."""
+    parser = _parser(prog)
     args = parser.parse_args(argv)
+    from .errors import WdsError
+
     try:
         return args.run(args)
     except (WdsError, OSError, ValueError, ImportError) as exn:  # ImportError: an extra not installed
@@ -54,8 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m wds_datapipes", description=__doc__.split("\n\n")[0])
+def _parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     index = commands.add_parser(
@@ -116,10 +132,18 @@ def expand_urls(specs: Iterable[str], stores: PipelineStores | None = None) -> l
     """Shard URLs from what a user typed: braces, then what each scheme's back end lists
     (local globs and directories, an object store's glob or prefix: ``backend_for(url).list``),
     object-store URLs carrying ``stores`` (``--endpoint``, ``--store-option``) where given."""
+    from .shards.listing import expand_url_spec
+    from .shards.openers import list_urls
+    from .storage.cloud_settings import with_stores
+
     return [listed for spec in specs for url in expand_url_spec(spec) for listed in list_urls(with_stores(url, stores))]
 
 
 def _index(args: argparse.Namespace) -> int:
+    from .epochs.index import ShardIndex, build_index
+    from .errors import WdsError
+    from .storage.cloud_settings import PipelineStores
+
     stores = PipelineStores.of(store_of_arguments(args))
     urls = expand_urls(args.urls, stores)
     if not urls:
@@ -173,7 +197,9 @@ def _scan_to_json(scan: ShardScan) -> dict:
 
 
 def _read_partial(path: str) -> dict[str, ShardScan]:
-    done = {}
+    from .epochs.index import ShardScan
+
+    done: dict[str, ShardScan] = {}
     if not os.path.exists(path):
         return done
     with open(path) as lines:
@@ -228,6 +254,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _inspect_index(args: argparse.Namespace) -> int:
+    from .epochs.index import ShardIndex
+
     index = ShardIndex.load(args.target, store=store_of_arguments(args))
     sizes = [s.filesize for s in index.shards if s.filesize is not None]
     print(f"index {args.target}: {len(index)} shards, {index.total} samples"
@@ -248,6 +276,11 @@ def _inspect_index(args: argparse.Namespace) -> int:
 
 
 def _inspect_shard(args: argparse.Namespace) -> int:
+    from .shards.grouping import group_members
+    from .shards.openers import open_shard
+    from .storage.cloud_settings import PipelineStores, with_stores
+    from .tar import iter_tar_members
+
     url = with_stores(args.target, PipelineStores.of(store_of_arguments(args)))
     stream = open_shard(url)
     sizes: list[dict] = []  # per sample: field -> bytes
@@ -268,6 +301,10 @@ def _inspect_shard(args: argparse.Namespace) -> int:
 
 
 def _samples(url: str, limit: int) -> list[dict]:
+    from .shards.grouping import group_members
+    from .shards.openers import open_shard
+    from .tar import iter_tar_members
+
     stream = open_shard(url)
     try:
         out = []
@@ -325,6 +362,13 @@ def _verify(args: argparse.Namespace) -> int:
     if args.index is None:
         print("verify: give an index, or --cache", file=sys.stderr)
         return 2
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from .epochs.index import ShardIndex, check_scan_against, scan_shard
+    from .errors import WdsError
+
     index = ShardIndex.load(args.index, allow_pipe=args.allow_pipe, store=store_of_arguments(args))
     offsets = index.offsets_array()
     problems: list[str] = []
@@ -342,14 +386,17 @@ def _verify(args: argparse.Namespace) -> int:
             if error is not None:
                 problems.append(error)
                 continue
+            assert scan is not None  # check() gives a scan or an error
             problems.extend(check_scan_against(index.shards[i], url, scan))
             if offsets is not None and scan.offsets is not None and scan.nsamples == index.shards[i].nsamples:
                 mine = offsets[int(index.firsts[i]) : int(index.firsts[i]) + scan.nsamples]
                 if not np.array_equal(mine, scan.offsets):
                     problems.append(f"shard {url!r}: its sample offsets differ from the index's; index it again")
-            if scan.places is not None and not index.places.matches(i, scan.places):
+            index_places = index.places  # scanned for places only where the index has them
+            if scan.places is not None and index_places is not None and not index_places.matches(i, scan.places):
                 problems.append(f"shard {url!r}: its member places differ from the index's; index it again")
-            elif scan.places is not None and (scan.places.filesize, scan.places.version) != index.places.stamp(i):
+            elif (scan.places is not None and index_places is not None
+                  and (scan.places.filesize, scan.places.version) != index_places.stamp(i)):
                 problems.append(f"shard {url!r} was modified since its member places were taken (its modification "
                                 "time or version differs): it is read through its headers until it is indexed again")
             for key in scan.keys or ():

@@ -25,12 +25,20 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
+# torch is looked up, not imported: a process that has not imported it has no process group and is
+# no DataLoader worker, and the writer (``create``) asks for its rank without paying for torch.
 
-from .torch_datapipes import SHARDING_PRIORITIES
+
+def __getattr__(name: str):
+    if name == "SHARDING_PRIORITIES":  # a name this module has held (tests/test_old_names.py)
+        from .torch_datapipes import SHARDING_PRIORITIES
+
+        return SHARDING_PRIORITIES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,8 @@ class Topology:
 
 def distributed_rank_world() -> tuple[int, int] | None:
     """(rank, world) from an initialised ``torch.distributed``, else from ``RANK``/``WORLD_SIZE``."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
     if rank is not None and world is not None:
@@ -79,7 +87,8 @@ def launcher_rank_world() -> tuple[int, int] | None:
 
 def loader_worker() -> tuple[int, int] | None:
     """(worker id, number of workers) inside a DataLoader worker process, else None."""
-    info = torch.utils.data.get_worker_info()
+    torch = sys.modules.get("torch")
+    info = None if torch is None else torch.utils.data.get_worker_info()
     return (info.id, info.num_workers) if info is not None else None
 
 
@@ -102,7 +111,7 @@ class ShardingRecord:
     def __init__(self, rank: int | None = None, world: int | None = None):
         if (rank is None) != (world is None):
             raise ValueError("give both rank and world_size, or neither")
-        self.explicit = None if rank is None else (rank, world)
+        self.explicit = None if rank is None or world is None else (rank, world)
         self.distributed: tuple[int, int] | None = None  # (rank, world)
         self.multiprocessing: tuple[int, int] | None = None  # (worker, workers)
         self.combined: tuple[int, int] | None = None  # the plain DataLoader's (instance, instances)
@@ -110,12 +119,16 @@ class ShardingRecord:
 
     def take_groups(self, groups: Mapping) -> None:
         """Takes the loaders' splits from a ShardingFilter's ``groups`` ({group: (instances, instance)})."""
+        from .torch_datapipes import SHARDING_PRIORITIES
+
         found = {group: (instance, instances) for group, (instances, instance) in groups.items()}
         self.distributed = found.get(SHARDING_PRIORITIES.DISTRIBUTED)
         self.multiprocessing = found.get(SHARDING_PRIORITIES.MULTIPROCESSING)
         self.combined = found.get(SHARDING_PRIORITIES.DEFAULT)
 
     def apply(self, num_instances: int, instance_id: int, group=None) -> None:
+        from .torch_datapipes import SHARDING_PRIORITIES
+
         if group == SHARDING_PRIORITIES.DISTRIBUTED:
             self.distributed = (instance_id, num_instances)
         elif group == SHARDING_PRIORITIES.MULTIPROCESSING:

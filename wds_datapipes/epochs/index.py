@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import IndexMismatchError, ShardOpenError, WdsError
-from ..shards.grouping import split_key
+from ..shards.keys import split_key
 from ..shards.openers import LocalPath, open_shard, open_source, stream_size, url_scheme
 from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
 from ..tar import iter_tar_places

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import IndexMismatchError, WdsError
-from ..shards.grouping import split_key
+from ..shards.keys import split_key
 from ..shards.openers import file_mtime, stream_stamp, url_scheme
 
 ROW = np.dtype([("data", "<u8"), ("size", "<u8"), ("sample", "<u4"), ("suffix", "<u4"), ("key", "<u8")])

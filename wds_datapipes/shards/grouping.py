@@ -4,38 +4,16 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
-import warnings
 from collections.abc import Iterable, Iterator
 
-from ..errors import SampleError
+from ..errors import SampleError  # noqa: F401 - names this module has held (tests/test_old_names.py)
 from ..handlers import Handler, reraise_exception
 from ..pipe_base import Pipe
 from ..torch_datapipes import IterDataPipe, functional_datapipe
-from .openers import ShardUrl, plain_url
-
-# webdataset's key rule, used where the fast split below does not apply.
-_KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
-_META_RE = re.compile(r"__[^/]*__($|/)")
+from .keys import group_members, split_key  # noqa: F401 - the pure key rule (split_key: a name held here)
+from .openers import ShardUrl
 
 logger = logging.getLogger("wds_datapipes")
-
-
-def split_key(name: str) -> tuple[str, str] | None:
-    """(key, suffix) of a member name as webdataset makes them, or None for a skipped name.
-
-    The key runs to the first dot of the last path component, the suffix is the rest,
-    lowercased: ``a/b.c.d.JPG`` -> (``a/b``, ``c.d.jpg``). Names without such a dot and
-    ``__meta__`` names are skipped.
-    """
-    if name.startswith("__") and (_META_RE.match(name) or ("/" not in name and name.endswith("__"))):
-        return None
-    slash = name.rfind("/")
-    dot = name.find(".", slash + 1)
-    if dot > slash + 1 and "\n" not in name:  # the common case, same result as the regex
-        return name[:dot], name[dot + 1 :].lower()
-    match = _KEY_RE.match(name)
-    return (match.group(1), match.group(2).lower()) if match else None
 
 
 @functional_datapipe("group_by_key")
@@ -100,58 +78,3 @@ def _names_and_data(first: tuple, rest: Iterable[tuple]) -> Iterator[tuple[str, 
     yield first[1], first[2]
     for _, name, data in rest:
         yield name, data
-
-
-def group_members(url: str, members: Iterable[tuple[str, bytes]], handler: Handler = reraise_exception,
-                  report_split_keys: bool = False) -> Iterator[dict]:
-    """The samples of one shard's (name, bytes) members: runs of one key, never past the shard.
-
-    When ``url`` is a :class:`ShardUrl` whose reading was cut (``url.cut``), the last
-    sample is dropped: the members that would have completed it never came.
-    """
-    sample: dict | None = None
-    key = None
-    skipping = False  # the current sample hit an error the handler chose to skip
-    seen: set[str] = set()
-    plain = plain_url(url)  # samples carry a plain str, as webdataset's do; ``url`` keeps the opening
-    for name, data in members:
-        # split_key's common case, inlined: this loop runs once per tar member.
-        slash = name.rfind("/")
-        dot = name.find(".", slash + 1)
-        if dot > slash + 1 and not name.startswith("__") and "\n" not in name:
-            member_key, suffix = name[:dot], name[dot + 1 :].lower()
-        else:
-            split = split_key(name)
-            if split is None:
-                continue
-            member_key, suffix = split
-        if member_key != key:
-            if sample is not None and not skipping:
-                yield sample
-            if report_split_keys:
-                _check_split(url, member_key, name, seen)
-            key, skipping = member_key, False
-            sample = {"__key__": key, "__url__": plain}
-        elif suffix in sample:
-            if not skipping:
-                error = SampleError(url, key, f"suffix {suffix!r} repeats within the sample", member=name)
-                if not handler(error):
-                    raise error
-            skipping = True
-        sample[suffix] = data
-    if sample is not None and not skipping:
-        if getattr(url, "cut", False):
-            logger.warning("shard %r: sample %r dropped: the shard ended in an error before the sample was "
-                           "known to be whole", str(url), key)
-            return
-        yield sample
-
-
-def _check_split(url: str, key: str, name: str, seen: set[str]) -> None:
-    if key in seen:
-        warnings.warn(
-            f"shard {url!r}: key {key!r} comes back at member {name!r} after other keys; "
-            "its files form separate samples",
-            stacklevel=2,
-        )
-    seen.add(key)

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Iterable, Iterator
-
-from braceexpand import braceexpand
 
 from ..errors import NoShardsError
 from ..pipe_base import Pipe
@@ -19,40 +15,7 @@ from ..torch_datapipes import (
     functional_datapipe,
 )
 from .openers import SHARD_SUFFIXES, LocalPath, list_urls, local_path, resolve_local, url_scheme  # noqa: F401 - names kept
-
-_VARIABLE = re.compile(r"\$\{(\w+)\}")
-
-
-def expand_url_spec(spec: str) -> list[str]:
-    """Expand one URL spec into shard URLs, without touching the filesystem.
-
-    ``::`` joins several specs (as in webdataset); in each, ``${NAME}`` becomes the
-    environment variable ``WDS_NAME`` (webdataset's rule, also inside a variable's value),
-    then braces are expanded (``train-{000..009}.tar``). Globs, directories and prefixes
-    are expanded later, by the scheme's back end (:func:`~.openers.list_urls`), because that needs I/O.
-    """
-    urls: list[str] = []
-    for part in spec.split("::"):
-        part = _substitute_variables(part.strip())
-        if part:
-            urls.extend(braceexpand(part))
-    return urls
-
-
-def _substitute_variables(spec: str) -> str:
-    for _ in range(10):  # webdataset's bound on variables whose values hold variables
-        expanded = _VARIABLE.sub(_variable_value, spec)
-        if expanded == spec:
-            return spec
-        spec = expanded
-    return spec
-
-
-def _variable_value(match: re.Match) -> str:
-    name = "WDS_" + match.group(1)
-    if name not in os.environ:
-        raise ValueError(f"shard spec: {match.group(0)} needs the environment variable {name}, which is not set")
-    return os.environ[name]
+from .url_specs import expand_url_spec
 
 
 class _ExpandedUrls(Pipe[str]):

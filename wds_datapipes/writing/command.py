@@ -14,15 +14,12 @@ import sys
 from collections.abc import Iterator
 
 from ..handlers import ignore_and_continue, reraise_exception
-from ..shards.listing import expand_url_spec, resolve_local
 from ..storage.store_options import add_store_arguments, store_of_arguments
 from ..topology import launcher_rank_world
 from .compress import compression_of
-from .destination import is_remote, join_any
-from .parquet import parquet_rows, parquet_samples
-from .reshuffle import shuffled
-from .sources import folder_samples, imagefolder_samples, manifest_samples, shard_samples
-from .writer import write_shards
+
+# The readers and the writer are imported when the command runs: ``create --help`` starts without
+# numpy (tests/test_startup.py).
 
 LAYOUTS = ("auto", "folder", "imagefolder", "manifest", "parquet", "shards")
 _LISTED = 1000  # the most left-out files the report names one by one
@@ -111,6 +108,9 @@ def _samples(args: argparse.Namespace, layout: str, store=None,
              left_out: list[str] | None = None) -> tuple[Iterator[dict], int | None]:
     """The input's samples, and how many there will be where that is cheap to know (for the ETA);
     ``left_out`` gets the files an ImageFolder tree holds that are not images."""
+    from .parquet import parquet_rows, parquet_samples
+    from .sources import folder_samples, imagefolder_samples, manifest_samples, shard_samples
+
     outside = args.allow_outside
     if layout == "parquet":
         columns = None if args.columns is None else [c for c in args.columns.split(",") if c]
@@ -136,6 +136,9 @@ def _samples(args: argparse.Namespace, layout: str, store=None,
 
 def _input_bytes(args: argparse.Namespace, layout: str) -> int:
     """The input's size on disk (what a shuffle's buckets hold, about; compressed shards grow when read)."""
+    from ..shards.openers import resolve_local
+    from ..shards.url_specs import expand_url_spec
+
     if layout == "shards":
         urls = [u for spec in args.sources for e in expand_url_spec(spec) for u in resolve_local(e)]
         return sum(os.path.getsize(u) * (1 if u.endswith(".tar") else 4) for u in urls if os.path.exists(u))
@@ -147,6 +150,10 @@ def _input_bytes(args: argparse.Namespace, layout: str) -> int:
 
 
 def run_create(args: argparse.Namespace) -> int:
+    from .destination import is_remote, join_any
+    from .reshuffle import shuffled
+    from .writer import write_shards
+
     found = launcher_rank_world() or (0, 1)
     rank = args.rank if args.rank is not None else found[0]
     world = args.world if args.world is not None else found[1]

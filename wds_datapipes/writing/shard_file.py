@@ -25,12 +25,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..decoding.encoding import encode_value
 from ..epochs.index import ShardScan
 from ..epochs.places import ShardPlaces, places_of_members, stat_stamp
 from ..errors import ShardWriteError
 from ..handlers import Handler, reraise_exception
-from ..shards.grouping import split_key
+from ..shards.keys import split_key
 from ..tar.build import END, member_header, padding
 from ..tar.headers import BLOCK
 from .compress import compress_file
@@ -42,6 +41,19 @@ from .compress import compress_file
 _BUFFER = 1 << 20
 
 PROBLEMS = "__problems__"  # an input reader's reasons why a sample cannot be written
+
+
+def encode_value(suffix: str, value: Any, *, allow_pickle: bool = False) -> bytes:
+    """:func:`wds_datapipes.decoding.encoding.encode_value`, imported at the first value to encode: it
+    imports torch and Pillow, which shards of files need neither of (``create`` starts without them)."""
+    return _encoding().encode_value(suffix, value, allow_pickle=allow_pickle)
+
+
+@functools.cache
+def _encoding():
+    from ..decoding import encoding
+
+    return encoding
 
 
 class FileBytes(NamedTuple):

@@ -18,9 +18,9 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
-from ..shards.grouping import group_members
-from ..shards.listing import expand_url_spec
+from ..shards.keys import group_members
 from ..shards.openers import list_urls, open_shard
+from ..shards.url_specs import expand_url_spec
 from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
 from ..tar import iter_tar_members
 from .shard_file import PROBLEMS, FileBytes
