@@ -123,8 +123,18 @@ bench-storage: setup
 docs: setup
 	$(BIN)/python -m sphinx -b html -E -W --keep-going -q docs build/docs
 
+# ruff, then mypy over the public API (its scope: [tool.mypy] in pyproject.toml).
 lint: setup
 	$(BIN)/ruff check wds_datapipes aisio tests examples benchmarks
+	$(BIN)/mypy
+
+# The wheel and the sdist in dist/, built offline with the pinned setuptools, then checked by twine
+# (their metadata and README render as PyPI will show them). tests/test_package.py installs the wheel.
+.PHONY: dist
+dist: setup
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+	$(BIN)/twine check --strict dist/*
 
 clean:
-	rm -rf $(VENV) $(NEWEST) data build *.egg-info
+	rm -rf $(VENV) $(NEWEST) data build dist *.egg-info

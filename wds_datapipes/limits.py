@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, cast
 
 __all__ = ["Limits", "get_limits", "set_limits"]
 
@@ -92,7 +93,7 @@ class Limits:
 
     def replace(self, **changes: float) -> Limits:
         """A copy with ``changes`` applied (unknown names raise TypeError)."""
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **cast("dict[str, Any]", changes))  # __post_init__ checks each
 
 
 _current = Limits()

@@ -176,7 +176,7 @@ class Split(Shares):
     """An epoch's sequence cut between ranks and workers: ``sequence`` holds the positions
     the readers read (pads included, the dropped remainder excluded)."""
 
-    sequence: SpanList = None
+    sequence: SpanList = None  # type: ignore[assignment]  # always given: a default only to follow Shares' fields
 
     def reader_spans(self, rank: int, worker: int) -> SpanList:
         return self.sequence.slice(*self.reader_range(rank, worker))

@@ -41,7 +41,7 @@ class RandomMix(Pipe[T]):
         >>> dp = wd.RandomMix({"web": web, "books": books}, weights={"web": 0.8, "books": 0.2}, seed=0)
     """
 
-    def __init__(self, datapipes: Mapping[str, IterDataPipe] | Sequence[IterDataPipe],
+    def __init__(self, datapipes: Mapping[str, IterDataPipe[T]] | Sequence[IterDataPipe[T]],
                  weights: Mapping[str, float] | Sequence[float] | None = None, stop: str = "first_exhausted",
                  seed: int | None = None):
         if isinstance(datapipes, Mapping):

@@ -62,7 +62,7 @@ class Shuffler(Pipe[T]):
             if len(buf) < self.bufsize:  # grow towards bufsize: take a second item per draw
                 extra = next(source, _END)
                 if extra is not _END:
-                    buf.append(extra)
+                    buf.append(extra)  # type: ignore[arg-type]  # not _END: an item of the source
             if len(buf) >= self.initial:
                 yield _draw(buf, rng)
         while buf:
