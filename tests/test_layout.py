@@ -15,14 +15,15 @@ LONGEST = 500  # lines: past this a module hides its structure
 # limits, handlers, topology, threads, ...) sit at the package's top and import no room.
 ROOMS_BELOW = {
     "basics": set(),
-    "tar": {"basics"},
-    "storage": {"basics"},
-    "shards": {"basics", "tar", "storage"},
-    "pipes": {"basics"},
-    "decoding": {"basics", "pipes"},
-    "epochs": {"basics", "tar", "storage", "shards"},
-    "loaders": {"basics", "epochs"},
-    "writing": {"basics", "tar", "storage", "shards", "decoding", "epochs"},
+    "stats": {"basics"},  # every stage reports into it; it knows none of them
+    "tar": {"basics", "stats"},
+    "storage": {"basics", "stats"},
+    "shards": {"basics", "stats", "tar", "storage"},
+    "pipes": {"basics", "stats"},
+    "decoding": {"basics", "stats", "pipes"},
+    "epochs": {"basics", "stats", "tar", "storage", "shards"},
+    "loaders": {"basics", "stats", "epochs"},
+    "writing": {"basics", "stats", "tar", "storage", "shards", "decoding", "epochs"},
 }
 TOP = {"wds_datapipes", "wds_datapipes.__main__", "wds_datapipes.cli", "wds_datapipes._retired"}  # may import any room
 

@@ -14,6 +14,9 @@ from ..handlers import EXACT_EPOCH_FLAG, Handler, reraise_exception
 from ..limits import Limits
 from ..pipe_base import Pipe
 from ..pipes.batching import chunks, collate, new_batch
+from ..stats.meters import BatchMeter
+from ..stats.probe import probe as stats_probe
+from ..stats.settings import current_settings
 from ..threads import check_positive, worker_threads
 from ..topology import EpochClock
 from ..torch_datapipes import IterDataPipe, functional_datapipe
@@ -101,6 +104,9 @@ class BatchDecoder(Pipe[dict]):
         self._row_spec = image if image and image.element == "uint8" and image.mode in ("RGB", "RGBA") else None
         if transform is not None and image != IMAGE_SPECS["torchrgb8"]:
             raise ValueError(f"a transform makes N x 3 x S x S uint8 tensors: use the 'torchrgb8' spec, not {specs!r}")
+        self._stats = current_settings()  # stats on or off travel with the pipe
+
+    _stats = None  # a pipe pickled before stats existed measures nothing
 
     def set_seed(self, seed: int) -> BatchDecoder:
         """Marks an epoch's start for a random transform (its draws use its own seed)."""
@@ -113,17 +119,33 @@ class BatchDecoder(Pipe[dict]):
 
     def __iter__(self) -> Iterator[dict]:
         epoch = self._clock.start()
+        probe = stats_probe(self._stats)
+        meter = BatchMeter(probe, self.num_threads) if probe is not None else None  # per batch, when on
+        batches = chunks(self.source_datapipe, self.batch_size, self.partial)
         with worker_threads(self.num_threads) as pool:
             # Threads decode one batch ahead of the one handed out; inline decoding would
             # only hand out each batch a batch later (a loader's first batch took twice as long).
             ahead = 1 if self.num_threads else 0
             started: collections.deque[_StartedBatch] = collections.deque()
-            for samples in chunks(self.source_datapipe, self.batch_size, self.partial):
-                started.append(self._start(samples, pool, epoch))
-                if len(started) > ahead:
-                    yield from self._finish(started.popleft())
-            while started:
-                yield from self._finish(started.popleft())
+            try:
+                for samples in batches if meter is None else probe.pulled(batches):
+                    t0 = meter.begin() if meter is not None else 0
+                    started.append(self._start(samples, pool, epoch))
+                    batch = self._finish(started.popleft(), meter) if len(started) > ahead else None
+                    if meter is not None:
+                        meter.end(t0, len(samples))
+                    if batch is not None:
+                        yield batch
+                while started:
+                    t0 = meter.begin() if meter is not None else 0
+                    batch = self._finish(started.popleft(), meter)
+                    if meter is not None:
+                        meter.end(t0, 0)
+                    if batch is not None:
+                        yield batch
+            finally:
+                if meter is not None:
+                    probe.ended()
 
     # ------------------------------------------------------------ starting a batch
 
@@ -215,8 +237,9 @@ class BatchDecoder(Pipe[dict]):
 
     # ------------------------------------------------------------ finishing a batch
 
-    def _finish(self, started: _StartedBatch) -> Iterator[dict]:
-        """Waits for the decoding, drops the samples that failed (through the handler), collates."""
+    def _finish(self, started: _StartedBatch, meter: BatchMeter | None = None) -> dict | None:
+        """Waits for the decoding, drops the samples that failed (through the handler), collates;
+        None where every sample failed and the handler skipped them."""
         samples = started.samples
         failed = self._wait_for_rows(started)
         decoded: list[dict | None] = [None] * len(samples)
@@ -231,6 +254,8 @@ class BatchDecoder(Pipe[dict]):
                     decoded[i] = self.decoder({k: v for k, v in sample.items() if k not in in_rows})
             except DecodeError as exn:
                 failed[i] = exn
+        if meter is not None:
+            meter.failed(len(failed))
         for i in sorted(failed):
             if not self.handler(failed[i]):
                 raise failed[i]
@@ -238,7 +263,8 @@ class BatchDecoder(Pipe[dict]):
         if not keep:
             if any(EXACT_EPOCH_FLAG in s for s in samples):  # a batch of an exact epoch must not vanish
                 raise failed[min(failed)]
-            return
+            return None
+        t0 = meter.collating() if meter is not None else 0
         batch = self._collate([decoded[i] for i in keep])
         for field, rows in started.rows.items():
             sources = started.sources[field]
@@ -246,7 +272,9 @@ class BatchDecoder(Pipe[dict]):
                 batch[field] = [rows[i] if sources[i] is not None else None for i in keep]
             else:
                 batch[field] = self._as_batch(rows if len(keep) == len(samples) else rows[keep])
-        yield batch
+        if meter is not None:
+            meter.collated(t0)
+        return batch
 
     def _collate(self, samples: list[dict]) -> dict | list:
         """The batch of decoded samples: ``collate``'s (a list of dicts where their fields differ,

@@ -17,6 +17,8 @@ from ..errors import DecodeError
 from ..handlers import Handler, reraise_exception, skips
 from ..limits import Limits, get_limits
 from ..pipe_base import Pipe
+from ..stats.probe import probe as stats_probe
+from ..stats.settings import current_settings
 from ..threads import check_positive, ordered_map, worker_threads
 from ..torch_datapipes import IterDataPipe, functional_datapipe
 from .images import check_image_formats, image_formats_for, register_image_plugins
@@ -191,19 +193,51 @@ class Decoder(Pipe[dict]):
                                      limits=limits)
         self.handler = handler
         self.num_threads = check_positive("num_threads", num_threads, 0)
+        self._stats = current_settings()  # stats on or off travel with the pipe
+
+    _stats = None  # a pipe pickled before stats existed measures nothing
 
     def __iter__(self) -> Iterator[dict]:
-        if self.num_threads == 0:
-            for sample in self.source_datapipe:
-                decoded = self._settle(sample, self.decoder, sample)
-                if decoded is not None:
-                    yield decoded
-            return
-        with worker_threads(self.num_threads) as pool:
-            for sample, future in ordered_map(self.decoder, self.source_datapipe, pool, 4 * self.num_threads):
-                decoded = self._settle(sample, future.result)
-                if decoded is not None:
-                    yield decoded
+        probe = stats_probe(self._stats)
+        sampler = None
+        if probe is not None:  # one sample in a gap timed: its decoding (with threads, the wait for it)
+            probe.stage("decode", self.num_threads)
+            sampler = probe.sampler("decode")
+        due = sampler.due if sampler is not None else 0  # 0: off (see stats.probe.Sampler)
+        try:
+            if self.num_threads == 0:
+                for sample in self.source_datapipe:
+                    t0 = 0
+                    if due:
+                        due -= 1
+                        if not due:
+                            t0 = sampler.start()
+                    decoded = self._settle(sample, self.decoder, sample)
+                    if t0:
+                        due = sampler.stop(t0)
+                    if decoded is not None:
+                        yield decoded
+                    elif sampler is not None:
+                        sampler.stage.errors += 1
+                return
+            with worker_threads(self.num_threads) as pool:
+                for sample, future in ordered_map(self.decoder, self.source_datapipe, pool, 4 * self.num_threads):
+                    t0 = 0
+                    if due:
+                        due -= 1
+                        if not due:
+                            t0 = sampler.start()
+                    decoded = self._settle(sample, future.result)
+                    if t0:
+                        due = sampler.stop(t0)
+                    if decoded is not None:
+                        yield decoded
+                    elif sampler is not None:
+                        sampler.stage.errors += 1
+        finally:
+            if sampler is not None:
+                sampler.save(due)
+                probe.ended()
 
     def _settle(self, sample: dict, decode: Callable[..., dict], *args: Any) -> dict | None:
         """``sample`` decoded by ``decode(*args)``, or None when it failed and the handler skips it."""

@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 
 from ..limits import Limits, get_limits
 from ..pipe_base import Pipe
+from ..stats.probe import probe as stats_probe
+from ..stats.settings import current_settings
 from ..topology import EpochClock, ShardingRecord, Topology, loader_worker
 from ..torch_datapipes import HAVE_TORCH_DATAPIPES
 from .plan import Segment
@@ -32,6 +34,9 @@ class EpochPipe(Pipe[dict]):
         self._clock = EpochClock()
         self._resume: EpochState | None = None
         self._run: Run | None = None
+        self._stats = current_settings()  # stats on or off travel with the pipe
+
+    _stats = None  # a pipe pickled before stats existed measures nothing
 
     # ------------------------------------------------------------ what a subclass says
 
@@ -110,7 +115,16 @@ class EpochPipe(Pipe[dict]):
     def __iter__(self) -> Iterator[dict]:
         run = self._start()
         self._run = run
-        yield from self._read(run)
+        probe = stats_probe(self._stats)
+        if probe is None:
+            yield from self._read(run)
+            return
+        where = run.topology  # the readers below measure through this thread's probe
+        probe.place(where.rank, where.world, where.worker, where.workers)
+        try:
+            yield from self._read(run)
+        finally:
+            probe.ended()
 
     def _start(self) -> Run:
         fresh_copy = self._run is None

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 
 from ..limits import Limits
+from ..stats.probe import probe as stats_probe
 from ..storage.cloud_settings import StoreArg
 from .epoch_pipe import EpochPipe, Run
 from .index import ShardIndex
@@ -159,7 +160,10 @@ class MixedEpochs(EpochPipe):
         indexes = [self.indexes[n] for n in names]
         for index, spans in zip(indexes, reader.spans):
             check_shards(index, spans)
-        yield from read_mixed(indexes, names, reader, run.start, self.limits, self.views)
+        probe = stats_probe(self._stats)  # stats: the epoch's draws per source against its plan's shares
+        mix = None if probe is None else probe.mixture("MixedEpochs", run.epoch, names,
+                                                       tuple(float(w.count) for w in run.plan.windows))
+        yield from read_mixed(indexes, names, reader, run.start, self.limits, self.views, mix)
 
     def _state_fields(self, run: Run) -> dict:
         settings = run.plan.settings

@@ -32,6 +32,7 @@ from ..errors import IndexMismatchError, ShardFormatError, ShardOpenError, shard
 from ..limits import Limits
 from ..shards.cache import cached_copy, keeps
 from ..shards.openers import ShardUrl, file_version, local_path, plain_url, url_scheme
+from ..stats.probe import current as current_probe
 from .places import MemberPlaces, SpanPlaces, stat_stamp
 
 if TYPE_CHECKING:
@@ -44,14 +45,22 @@ _warned: set[str] = set()  # shards whose stale places were reported in this pro
 
 
 def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: int, filesize: int | None,
-                limits: Limits, last_fields: dict | None = None, views: bool = False) -> Iterator[dict] | None:
+                limits: Limits, last_fields: dict | None = None, views: bool = False,
+                label: str | None = None) -> Iterator[dict] | None:
     """The samples ``start`` .. ``stop - 1`` of shard ``shard`` (dicts as ``group_by_key``
     makes them, ``last_fields`` set on each), read by their places; None where the shard has
     none or changed since they were taken (then read its headers).
 
     ``views``: fields are memoryviews of the ``bytes`` of each read (one copy per member),
-    not copies of their own."""
-    file = open_usable(places, shard, url, filesize, limits)
+    not copies of their own. ``label``: the source stats count it under (the index's folder)."""
+    probe = current_probe()
+    if probe is None:
+        file, meter = open_usable(places, shard, url, filesize, limits), None
+    else:  # the opening and each read timed, the samples counted (a countdown: nothing per sample)
+        scheme, label = url_scheme(url), label or "index"
+        file = probe.opened(open_usable, probe.target("open", scheme, label), places, shard, url, filesize, limits)
+        target = probe.target("read", scheme, label)
+        meter = (probe, target, probe.sampler("read", calls=False, source=target.source, label=label))
     if file is None:
         return None
     try:
@@ -59,7 +68,7 @@ def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: in
     except BaseException:
         file.close()
         raise
-    return _placed_samples(file, ShardUrl.opened(url), span, limits, last_fields or {}, views)
+    return _placed_samples(file, ShardUrl.opened(url), span, limits, last_fields or {}, views, meter)
 
 
 class LocalShard:
@@ -183,16 +192,19 @@ def _numbered(numbers: np.ndarray, start: int, stop: int) -> bool:
 
 
 def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_fields: dict,
-                    views: bool) -> Iterator[dict]:
+                    views: bool, meter: tuple | None = None) -> Iterator[dict]:
     """The samples of ``span``: members sliced out of reads of up to a megabyte (one read for
     a run of small members, a member larger than that read on its own), grouped by the sample
     numbers the scan gave them (one loop: a generator less per member).
 
     A member is checked against the read it falls in, and only a member outside it (about one
-    in twenty photos) asks whether it is large: the fewest steps per member."""
+    in twenty photos) asks whether it is large: the fewest steps per member. ``meter``: stats'
+    (probe, read target, sampler) where they are on: each read is timed, samples counted."""
     plain = plain_url(url)  # samples carry a plain str in __url__, as webdataset's do
     rows = span.rows
     offset = -1
+    probe, target, sampler = meter if meter is not None else (None, None, None)
+    due = sampler.due if sampler is not None else 0  # 0: off (see stats.probe.Sampler)
     try:
         filesize = file.size
         chunk = BUFFER_BYTES
@@ -213,7 +225,8 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
             at = offset - base
             if not 0 <= at <= end - size:
                 if size > chunk:
-                    alone = read_new(file, size, offset, views)
+                    alone = read_new(file, size, offset, views) if probe is None else \
+                        probe.read_call(target, read_new, file, size, offset, views)
                     if len(alone) < size:
                         raise _truncated(url, span, offset, len(alone), size)
                     at = -1
@@ -223,13 +236,18 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
                     if large:
                         after = bisect.bisect_right(large, offset)
                         stop = min(stop, large[after]) if after < len(large) else stop
-                    view = read_new(file, stop - offset, offset, views)  # the views handed out keep theirs
+                    view = read_new(file, stop - offset, offset, views) if probe is None else \
+                        probe.read_call(target, read_new, file, stop - offset, offset, views)  # views keep theirs
                     end = len(view)
                     if end < size:
                         raise _truncated(url, span, offset, end, size)
             if number != current:
                 if sample is not None:
                     sample.update(last_fields)
+                    if due:
+                        due -= 1
+                        if not due:
+                            due = sampler.tick()
                     yield sample
                 current = number
                 sample = {"__key__": next(keys), "__url__": plain}
@@ -238,6 +256,8 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
             raise bad_place(url, span.name(good), int(rows["data"][good]), int(rows["size"][good]), filesize, limit)
         if sample is not None:
             sample.update(last_fields)
+            if due:
+                due -= 1
             yield sample
     except OSError as exn:
         if offset < 0:
@@ -245,6 +265,8 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
         raise shard_error(exn, url, span.name(span.member_at(offset)), offset) from exn
     finally:
         file.close()
+        if sampler is not None:
+            sampler.save(due)
 
 
 def read_new(file: LocalShard | LocalCopy, size: int, offset: int, views: bool) -> bytes | memoryview:

@@ -33,7 +33,8 @@ import numpy as np
 from ..errors import ShardFormatError, shard_error
 from ..handlers import EXACT_EPOCH_FLAG
 from ..limits import Limits
-from ..shards.openers import ShardUrl, plain_url
+from ..shards.openers import ShardUrl, plain_url, url_scheme
+from ..stats.probe import current as current_probe
 from . import placed_reads
 from .index import ShardIndex
 from .placed_reads import bad_members, bad_place, open_usable, places_of_samples, read_new
@@ -47,7 +48,8 @@ def shuffled_by_places(index: ShardIndex, reader: ReaderPlan, spans: SpanList, s
                        views: bool, lanes: Callable[[int], Iterator[dict]]) -> Iterator[dict]:
     """The samples of a shuffled reader's share from output position ``start``, each read at
     its place; from the first sample of a shard without usable places on, ``lanes(position)``."""
-    shards = _PlacedShards(index, spans.shard_ranges(), limits, views, max(1, OPEN_PER_LANE * reader.lanes))
+    shards = _PlacedShards(index, spans.shard_ranges(), limits, views, max(1, OPEN_PER_LANE * reader.lanes),
+                           current_probe())
     try:
         stopped = yield from _placed(shards, reader, spans, start)
     finally:
@@ -60,17 +62,30 @@ def _placed(shards: _PlacedShards, reader: ReaderPlan, spans: SpanList, start: i
     """Yields the samples from ``start`` on; returns None at the end, or the position of the
     first sample whose shard cannot be read by places."""
     position = start
-    for q in range(start // reader.block_size, reader.blocks):
-        located = spans.locate(reader.block_positions(q)[position - q * reader.block_size :])
-        block_shards, numbers, pads = (column.tolist() for column in located)
-        shards.keep_at_least(len(set(block_shards)))
-        for shard, number, pad in zip(block_shards, numbers, pads):
-            try:
-                sample = shards.sample(shard, number, pad)
-            except _NotPlaced:
-                return position
-            yield sample
-            position += 1
+    sampler = shards.sampler
+    due = sampler.due if sampler is not None else 0  # 0: off (see stats.probe.Sampler)
+    try:
+        for q in range(start // reader.block_size, reader.blocks):
+            located = spans.locate(reader.block_positions(q)[position - q * reader.block_size :])
+            block_shards, numbers, pads = (column.tolist() for column in located)
+            shards.keep_at_least(len(set(block_shards)))
+            for shard, number, pad in zip(block_shards, numbers, pads):
+                t0 = 0
+                if due:
+                    due -= 1
+                    if not due:
+                        t0 = sampler.start()
+                try:
+                    sample = shards.sample(shard, number, pad)
+                except _NotPlaced:
+                    return position
+                if t0:
+                    due = sampler.stop(t0, sample)
+                yield sample
+                position += 1
+    finally:
+        if sampler is not None:
+            sampler.save(due)
     return None
 
 
@@ -111,8 +126,14 @@ class _PlacedShards:
     """The shards of one reader's share, opened as it reaches them, and its samples' reads."""
 
     def __init__(self, index: ShardIndex, ranges: dict[int, tuple[int, int]], limits: Limits, views: bool,
-                 keep: int):
+                 keep: int, probe=None):
         self.index, self.ranges, self.views, self.keep, self.limits = index, ranges, views, keep, limits
+        # stats, where on: each shard's opening timed, one sample in a gap timed as its read
+        self.probe, self.label = probe, index.base or "index"
+        self.sampler = None
+        if probe is not None:
+            target = probe.target("read", url_scheme(index.url(next(iter(ranges)))) if ranges else "file", self.label)
+            self.sampler = probe.sampler("read", source=target.source, label=self.label, io=target)
         self.limit = limits.max_member_bytes
         self.chunk = placed_reads.BUFFER_BYTES  # a sample's members up to this much are read at once
         self.open: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
@@ -127,6 +148,17 @@ class _PlacedShards:
         if opened is not None:
             self.open.move_to_end(shard)
             return opened
+        if self.probe is None:
+            opened = self._opened(shard)
+        else:  # stats: the opening and its places, timed (not a sample's read)
+            target = self.probe.target("open", url_scheme(self.index.url(shard)), self.label)
+            opened = self.probe.opened(self._opened, target, shard)
+        self.open[shard] = opened
+        if len(self.open) > self.keep:
+            self.open.popitem(last=False)[1].file.close()
+        return opened
+
+    def _opened(self, shard: int) -> _Shard:
         url = self.index.url(shard)
         file = open_usable(self.index.places, shard, url, self.index.shards[shard].filesize, self.limits,
                            revalidate=shard not in self.checked)
@@ -134,14 +166,10 @@ class _PlacedShards:
             raise _NotPlaced(url)
         self.checked.add(shard)
         try:
-            opened = _Shard(self.index, shard, *self.ranges[shard], file, self.limit)
+            return _Shard(self.index, shard, *self.ranges[shard], file, self.limit)
         except BaseException:
             file.close()
             raise
-        self.open[shard] = opened
-        if len(self.open) > self.keep:
-            self.open.popitem(last=False)[1].file.close()
-        return opened
 
     def sample(self, shard: int, number: int, pad: bool) -> dict:
         """Sample ``number`` of ``shard`` as group_by_key makes it, with ``__pad__`` set."""

@@ -21,6 +21,8 @@ from ..limits import Limits, get_limits
 from ..shards.cache import log_cache_stats
 from ..shards.grouping import group_members, split_key
 from ..shards.openers import ShardUrl, local_path, open_shard, stream_size, url_scheme
+from ..stats.probe import current as current_probe
+from ..stats.tallies import MixTally
 from ..tar import iter_tar_members
 from .index import ShardIndex
 from .mixture import MixReader
@@ -54,19 +56,27 @@ def check_shards(index: ShardIndex, spans: SpanList) -> None:
 
 
 def read_mixed(indexes: list[ShardIndex], names: tuple[str, ...], reader: MixReader, start: int,
-               limits: Limits | None = None, views: bool = False) -> Iterator[dict]:
+               limits: Limits | None = None, views: bool = False, mix: MixTally | None = None) -> Iterator[dict]:
     """The samples of one reader's part of a mixed epoch, from its position ``start``: each
     source's run read as one dataset's share is, the arrangement saying whose sample comes
-    next; each sample says its source (``__source__``)."""
+    next; each sample says its source (``__source__``). ``mix``: stats' tally of the draws,
+    where they are on (each source's reads then count under its name)."""
     if start >= reader.length:
         return
     taken = reader.taken(start).tolist()
     streams = [read_share(index, plan, spans, at, limits, views)
                for index, plan, spans, at in zip(indexes, reader.plans, reader.spans, taken)]
+    probe = current_probe() if mix is not None else None
     try:
         for run in reader.sources(start):
             for k in run.tolist():
-                sample = next(streams[k], None)
+                if probe is None:
+                    sample = next(streams[k], None)
+                else:
+                    probe.source = names[k]
+                    sample = next(streams[k], None)
+                    probe.source = None
+                    mix.counts[k] += 1
                 if sample is None:  # the plan and the reads disagree: never silently short
                     raise IndexMismatchError(f"source {names[k]!r} ran out of samples before its share of the epoch")
                 sample[SOURCE_KEY] = names[k]
@@ -139,7 +149,7 @@ def span_samples(index: ShardIndex, span: Span, limits: Limits | None = None, vi
     if index.places is not None:
         info = index.shards[span.shard]
         samples = read_placed(index.places, span.shard, index.url(span.shard), span.start, span.stop,
-                              info.filesize, limits or get_limits(), {PAD_KEY: span.pad}, views)
+                              info.filesize, limits or get_limits(), {PAD_KEY: span.pad}, views, index.base)
         if samples is not None:
             return samples  # read_placed checked that its places hold the span's samples
     return _scanned_span_samples(index, span, limits, views)
@@ -152,7 +162,13 @@ def _scanned_span_samples(index: ShardIndex, span: Span, limits: Limits | None, 
     offset = index.sample_offset(span.shard, span.start) if span.start else 0
     skip = span.start if offset is None else 0
     to_end = span.stop == info.nsamples  # read to the end of the archive: the count is checked whole
-    stream = open_shard(url, start=offset or 0, limits=limits)
+    probe = current_probe()
+    if probe is None:
+        stream = open_shard(url, start=offset or 0, limits=limits)
+    else:  # as load_tar's: the opening and each read timed; one sample in a gap timed as tar
+        scheme, label = url_scheme(url), index.base or "index"
+        stream = probe.opened(open_shard, probe.target("open", scheme, label), url, start=offset or 0, limits=limits)
+        stream = probe.reading(stream, probe.target("read", scheme, label))
     try:
         size = stream_size(stream)
         if info.filesize is not None and size is not None and size != info.filesize:
@@ -162,7 +178,10 @@ def _scanned_span_samples(index: ShardIndex, span: Span, limits: Limits | None, 
         skipper = _SampleSkipper(skip) if skip else None
         members = iter_tar_members(stream, opened, start=offset or 0, skip_data=skipper, limits=limits)
         taken = 0
-        for sample in group_members(opened, _kept(members) if skipper else members):
+        samples = group_members(opened, _kept(members) if skipper else members)
+        if probe is not None:
+            samples = probe.shared_sampler("tar").wrap(samples, probe.io.source)
+        for sample in samples:
             if taken == len(span):
                 if to_end:
                     raise IndexMismatchError(f"shard {url!r} has more than {info.nsamples} samples, the index "

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 
 from ..pipe_base import Pipe
+from ..stats.probe import probe as stats_probe
+from ..stats.settings import current_settings
 from ..threads import check_positive
 from ..torch_datapipes import IterDataPipe, functional_datapipe
 from .shared_batches import INLINE_MAX_BYTES, reused_storage, sent_inline
@@ -152,8 +154,15 @@ class Batcher(Pipe):
         self.batch_size = check_positive("batch_size", batch_size)
         self.partial = partial
         self.collate_fn = collate_fn
+        self._stats = current_settings()  # stats on or off travel with the pipe
+
+    _stats = None  # a pipe pickled before stats existed measures nothing
 
     def __iter__(self) -> Iterator[Any]:
         combine = self.collate_fn or collate
+        probe = stats_probe(self._stats)
+        if probe is not None:  # per batch: the wait for its samples, and their collation
+            yield from probe.batches(chunks(self.source_datapipe, self.batch_size, self.partial), combine)
+            return
         for batch in chunks(self.source_datapipe, self.batch_size, self.partial):
             yield combine(batch)

@@ -8,6 +8,8 @@ from typing import Any
 from ..errors import SampleError
 from ..handlers import Handler, reraise_exception, skips
 from ..pipe_base import Pipe
+from ..stats.probe import probe as stats_probe
+from ..stats.settings import current_settings
 from ..torch_datapipes import IterDataPipe, functional_datapipe
 
 
@@ -32,23 +34,50 @@ class _PerSample(Pipe):
 
     source_datapipe: IterDataPipe
     handler: Handler
+    _stats = None  # stats on or off, taken when the pipe is built (``_took_stats``); None: off
+
+    def _took_stats(self) -> None:
+        self._stats = current_settings()
 
     def _convert(self, sample: dict) -> Any:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[Any]:
-        for sample in self.source_datapipe:
-            try:
-                yield self._convert(sample)
-            except SampleError as exn:
-                if not skips(self.handler, exn, sample):
-                    raise
-            except Exception as exn:  # a user function may raise anything: name the sample
-                error = SampleError(sample.get("__url__", "?"), sample.get("__key__", "?"),
-                                    f"{type(self).__name__}: {type(exn).__name__}: {exn}")
-                error.__cause__ = exn  # set before the handler, which may raise it
-                if not skips(self.handler, error, sample):
-                    raise error from exn
+        probe = stats_probe(self._stats)
+        sampler = probe.sampler("transform") if probe is not None else None
+        due = sampler.due if sampler is not None else 0  # 0: off (see stats.probe.Sampler)
+        try:
+            for sample in self.source_datapipe:
+                t0 = 0
+                if due:
+                    due -= 1
+                    if not due:
+                        t0 = sampler.start()
+                try:
+                    converted = self._convert(sample)
+                except SampleError as exn:
+                    if sampler is not None:
+                        sampler.stage.errors += 1
+                    if not skips(self.handler, exn, sample):
+                        raise
+                    continue
+                except Exception as exn:  # a user function may raise anything: name the sample
+                    if sampler is not None:
+                        sampler.stage.errors += 1
+                    error = SampleError(sample.get("__url__", "?"), sample.get("__key__", "?"),
+                                        f"{type(self).__name__}: {type(exn).__name__}: {exn}")
+                    error.__cause__ = exn  # set before the handler, which may raise it
+                    if not skips(self.handler, error, sample):
+                        raise error from exn
+                    continue
+                finally:
+                    if t0:
+                        due = sampler.stop(t0)
+                yield converted
+        finally:
+            if sampler is not None:
+                sampler.save(due)
+                probe.ended()
 
 
 @functional_datapipe("to_tuple")
@@ -69,6 +98,7 @@ class TupleMaker(_PerSample):
         self.source_datapipe = source_datapipe
         self.fields = fields
         self.handler = handler
+        self._took_stats()
 
     def _convert(self, sample: dict) -> tuple:
         return tuple(_present(sample, f) for f in self.fields)
@@ -89,6 +119,7 @@ class KeyRenamer(_PerSample):
         self.renames = {**(renames or {}), **more_renames}
         self.keep = keep
         self.handler = handler
+        self._took_stats()
 
     def _convert(self, sample: dict) -> dict:
         renamed = {new: pick_field(sample, old) for new, old in self.renames.items()}
@@ -115,6 +146,7 @@ class FieldMapper(_PerSample):
         self.source_datapipe = source_datapipe
         self.functions = {**(functions or {}), **more_functions}
         self.handler = handler
+        self._took_stats()
 
     def _convert(self, sample: dict) -> dict:
         out = dict(sample)

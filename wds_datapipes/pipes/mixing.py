@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from ..pipe_base import Pipe
+from ..stats.probe import probe as stats_probe
+from ..stats.settings import current_settings
 from ..topology import EpochSeed, worker_and_rank
 from ..torch_datapipes import IterDataPipe
 
@@ -67,6 +69,9 @@ class RandomMix(Pipe[T]):
             raise ValueError(f"stop must be one of {STOPS}, not {stop!r}")
         self.stop = stop
         self.seeds = EpochSeed(seed)
+        self._stats = current_settings()  # stats on or off travel with the pipe
+
+    _stats = None  # a pipe pickled before stats existed measures nothing
 
     def set_seed(self, seed: int) -> RandomMix[T]:
         """Seeds the draws (the loaders call it with their seed); returns the pipe."""
@@ -82,11 +87,19 @@ class RandomMix(Pipe[T]):
 
     def __iter__(self) -> Iterator[T]:
         rng = self.seeds.next_rng(*worker_and_rank())
-        live = [(name, iter(pipe), weight) for name, pipe, weight in zip(self.names, self.datapipes, self.weights)
-                if weight > 0]
+        probe = stats_probe(self._stats)
+        # stats: the draws per source against the weights, and each source's I/O under its name
+        mix = probe.mixture("RandomMix", self.seeds.epoch - 1, self.names, self.weights) if probe else None
+        live = [(name, iter(pipe), weight, i) for i, (name, pipe, weight)
+                in enumerate(zip(self.names, self.datapipes, self.weights)) if weight > 0]
         while live:
-            name, source, _ = rng.choices(live, weights=[weight for *_, weight in live])[0]
-            item = next(source, _END)
+            name, source, _, i = rng.choices(live, weights=[entry[2] for entry in live])[0]
+            if probe is None:
+                item = next(source, _END)
+            else:
+                probe.source = name
+                item = next(source, _END)
+                probe.source = None
             if item is _END:
                 if self.stop == "first_exhausted":
                     return
@@ -94,6 +107,8 @@ class RandomMix(Pipe[T]):
                 continue
             if isinstance(item, dict):
                 item["__source__"] = name
+            if mix is not None:
+                mix.counts[i] += 1
             yield item
 
 

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Iterator
 from ..errors import SampleError  # noqa: F401 - names this module has held (tests/test_old_names.py)
 from ..handlers import Handler, reraise_exception
 from ..pipe_base import Pipe
+from ..stats.probe import probe as stats_probe
+from ..stats.settings import current_settings
 from ..torch_datapipes import IterDataPipe, functional_datapipe
 from .keys import group_members, split_key  # noqa: F401 - the pure key rule (split_key: a name held here)
 from .openers import ShardUrl
@@ -54,12 +56,22 @@ class WebDatasetGrouper(Pipe[dict]):
         self.source_datapipe = source_datapipe
         self.handler = handler
         self.report_split_keys = report_split_keys
+        self._stats = current_settings()  # stats on or off travel with the pipe
+
+    _stats = None  # a pipe pickled before stats existed measures nothing
 
     def __iter__(self) -> Iterator[dict]:
         shard_members = getattr(self.source_datapipe, "shard_members", None)
         shards = shard_members() if callable(shard_members) else _shards_of_tuples(self.source_datapipe)
+        probe = stats_probe(self._stats)
+        sampler = probe.shared_sampler("tar") if probe is not None else None
         for url, members in shards:
-            yield from group_members(url, members, self.handler, self.report_split_keys)
+            samples = group_members(url, members, self.handler, self.report_split_keys)
+            if sampler is None:
+                yield from samples
+            else:  # one sample in a gap timed (tar parsing and grouping; the reads in it count apart)
+                io = probe.io  # what load_tar opened this shard as: its source counts the samples
+                yield from sampler.wrap(samples, io.source if io is not None else None)
 
 
 def _opening(member: tuple) -> object:

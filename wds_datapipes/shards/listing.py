@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from ..errors import NoShardsError
 from ..pipe_base import Pipe
+from ..stats.probe import current as current_probe
 from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
 from ..topology import EpochSeed, ShardingRecord
 from ..torch_datapipes import (
@@ -117,6 +118,9 @@ class ShardListBase(Pipe[str]):
                 "SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))"
             )
         self._order.user_seed_only = split_here
+        probe = current_probe()
+        if probe is not None:  # stats: where this process reads (DataLoader2's workers say it no other way)
+            probe.place(where.rank, where.world, where.worker, where.workers)
         readers = where.world * where.workers
         if SHARDING_PRIORITIES.DEFAULT in groups:  # DataLoader's numbering of its readers
             return readers, where.worker * where.world + where.rank

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..errors import WdsError
+from ..errors import ShardReadError, WdsError
 from ..handlers import Handler, reraise_exception
 from ..limits import Limits, get_limits
 from ..pipe_base import Pipe
+from ..stats.probe import current as current_probe
+from ..stats.probe import probe as stats_probe
+from ..stats.settings import current_settings
 from ..tar import iter_tar_members
 from ..torch_datapipes import IterDataPipe, functional_datapipe
 from .cache import log_cache_stats
-from .openers import ShardUrl, open_shard
+from .openers import ShardUrl, open_shard, url_scheme
 
 
 @functional_datapipe("load_tar")
@@ -36,11 +39,14 @@ class TarLoader(Pipe[tuple[str, str, bytes]]):
         >>> for url, name, data in ShardLister("data/train-{0..3}.tar").load_tar(): ...
     """
 
+    _stats = None  # a pipe pickled before stats existed measures nothing
+
     def __init__(self, source_datapipe: IterDataPipe[str], handler: Handler = reraise_exception,
                  limits: Limits | None = None):
         self.source_datapipe = source_datapipe
         self.handler = handler
         self.limits = limits or get_limits()
+        self._stats = current_settings()  # stats on or off travel with the pipe, as the limits do
 
     def __iter__(self) -> Iterator[tuple[str, str, bytes]]:
         for url, members in self.shard_members():
@@ -54,9 +60,16 @@ class TarLoader(Pipe[tuple[str, str, bytes]]):
         ``group_by_key`` reads through this directly: it saves two generator hops per
         member (see benchmarks/bench_pipeline.py).
         """
-        for url in self.source_datapipe:
+        probe = stats_probe(self._stats)
+        label = source_label(self) if probe is not None else ""
+        for url in self.source_datapipe if probe is None else probe.listed(self.source_datapipe, label):
             try:
-                stream = open_shard(url, limits=self.limits)
+                if probe is None:
+                    stream = open_shard(url, limits=self.limits)
+                else:  # timed and counted: the opening, then each read call of the stream
+                    scheme = url_scheme(url)
+                    stream = probe.opened(open_shard, probe.target("open", scheme, label), url, limits=self.limits)
+                    stream = probe.reading(stream, probe.target("read", scheme, label))
             except WdsError as exn:
                 if self.handler(exn):
                     continue
@@ -87,5 +100,23 @@ class TarLoader(Pipe[tuple[str, str, bytes]]):
                 closing.__context__ = exn
                 error = closing
             url.cut = True  # set before the handler, which may raise
+            probe = current_probe()
+            if probe is not None and not isinstance(error, ShardReadError):  # read errors count where they occur
+                probe.stages["tar"].errors += 1
             if not self.handler(error):
                 raise error from None
+
+
+def source_label(pipe: IterDataPipe) -> str:
+    """What stats call the source of a reader: its shard lister's spec (the first of several,
+    and how many more), else ``"shards"``."""
+    for _ in range(8):
+        specs = getattr(pipe, "specs", None)
+        if isinstance(specs, str):
+            return specs
+        if isinstance(specs, (list, tuple)) and specs and all(isinstance(s, str) for s in specs):
+            return specs[0] if len(specs) == 1 else f"{specs[0]} (+{len(specs) - 1} more)"
+        pipe = getattr(pipe, "source_datapipe", None)
+        if pipe is None:
+            break
+    return "shards"

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 from ..limits import Limits, get_limits
+from ..stats.probe import retried as count_retry
 
 RETRY_BUDGET_ENV = "AISIO_RETRY_BUDGET"
 DEFAULT_BUDGET_S = 60.0
@@ -123,6 +124,7 @@ class Attempts:
         if left <= 0:
             return False
         self.retried += 1
+        count_retry()  # stats, where on: a retry of the I/O this thread is doing (its stage, source, scheme)
         wait = self._wait * random.uniform(0.5, 1.0)
         if retry_after is not None and retry_after > 0:
             wait = max(wait, min(retry_after, RETRY_AFTER_CAP_S))

@@ -1,0 +1,54 @@
+"""Shards written into a test's temp dir, and the loaders the stats tests read them with."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import webdataset as wds
+from PIL import Image
+
+
+def write_shards(folder: Path | str, shards: int, per_shard: int, size: int = 100, prefix: str = "s",
+                 seed: int = 0) -> list[str]:
+    """``shards`` tar files of ``per_shard`` samples each (a ``bin`` field of ``size`` random bytes
+    and a ``cls``), written by webdataset's TarWriter; returns their paths."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for shard in range(shards):
+        path = os.path.join(folder, f"{prefix}-{shard:03d}.tar")
+        with wds.TarWriter(path) as writer:
+            for i in range(per_shard):
+                writer.write({"__key__": f"{prefix}{shard:03d}-{i:04d}", "bin": rng.bytes(size),
+                              "cls": str(i % 10).encode()})
+        paths.append(path)
+    return paths
+
+
+def write_jpeg_shards(folder: Path | str, shards: int, per_shard: int, side: int, seed: int = 0) -> list[str]:
+    """Shards of ``side`` x ``side`` JPEGs of smooth noise (they compress as photos do) and a ``cls``."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (max(2, side // 16), max(2, side // 16), 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(small).resize((side, side), Image.BICUBIC).save(out, format="JPEG", quality=90)
+    jpeg = out.getvalue()
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for shard in range(shards):
+        path = os.path.join(folder, f"j-{shard:03d}.tar")
+        with wds.TarWriter(path) as writer:
+            for i in range(per_shard):
+                writer.write({"__key__": f"j{shard:03d}-{i:04d}", "jpg": jpeg, "cls": str(i % 10).encode()})
+        paths.append(path)
+    return paths
+
+
+def fork_loader(dp, workers: int = 2, **options):
+    """``dp`` under torch's DataLoader with forked workers, batches as the pipe makes them."""
+    import torch
+
+    return torch.utils.data.DataLoader(dp, batch_size=None, num_workers=workers, multiprocessing_context="fork",
+                                       **options)

@@ -1,0 +1,85 @@
+"""Across ranks: two real gloo ranks (torch's env:// variables), one of them with slow data; the
+gather names it the straggler on both ranks. And the rule, on rows made by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from stats_data import write_shards
+
+from wds_datapipes.stats import rank_stats
+
+RANK = textwrap.dedent("""
+    import datetime, json, os, sys, time
+    import torch, torch.distributed as dist
+    import wds_datapipes as wd
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    wd.stats.enable()
+
+    def label(value):
+        time.sleep(0.02 if rank == 1 else 0.0)  # rank 1's data: 20 ms a sample
+        return int(value)
+
+    dp = wd.ShardLister(sys.argv[2:]).load_tar().group_by_key().map_fields({"cls": label}).batch_samples(4)
+    loader = torch.utils.data.DataLoader(dp, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    steps = 0
+    for batch in wd.stats.watch(loader, gather_every=2):  # steps 1-2, then 3-4, gathered
+        dist.all_reduce(torch.ones(1))  # the step's collective: a fast rank waits here for the slow one
+        steps += 1
+    snapshot = wd.stats.snapshot()
+    ranks, d = snapshot.ranks, wd.stats.diagnose(snapshot)
+    with open(sys.argv[1], "w") as out:
+        json.dump({"steps": steps, "straggler": ranks.straggler, "named": d.straggler,
+                   "stalls": [r.stall_per_batch for r in ranks.ranks], "report": wd.stats.report()}, out)
+    dist.destroy_process_group()
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_straggler_of_two_gloo_ranks_is_named(tmp_path):
+    """Oracle: the injected delay is on rank 1's data only (rank 0's steps wait for it in the
+    all_reduce, so its own data wait stays low)."""
+    paths = write_shards(tmp_path, 4, 8)  # each rank reads 2 shards: 4 batches of 4
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
+    outs = [tmp_path / f"rank{rank}.json" for rank in range(2)]
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(outs[rank]), *paths],
+                              env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for rank in range(2)]
+    try:
+        logs = [p.communicate(timeout=180)[0].decode() for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    assert [p.returncode for p in ranks] == [0, 0], logs
+    results = [json.loads(out.read_text()) for out in outs]
+    for result in results:
+        assert result["steps"] == 4 and result["straggler"] == 1 and result["named"] == 1, result
+        assert result["stalls"][1] > 3 * result["stalls"][0] and "straggler: rank 1" in result["report"]
+
+
+@pytest.mark.parametrize(("stalls", "straggler"), [
+    ([0.001, 0.001, 0.002, 0.080], 3),  # one rank waits 80 ms a batch, the others 1-2 ms
+    ([0.010, 0.012, 0.011, 0.013], None),  # an even spread names no one
+    ([0.0, 0.0005], None),  # below a millisecond's difference: nothing to name
+    ([0.050], None),  # one rank alone
+])
+def test_the_straggler_rule(stalls, straggler):
+    """Oracle: the rule's own numbers (over 1.5 times the others' median, and 1 ms over it)."""
+    rows = [[rank, 10, stall * 10, 1.0, 2.0] for rank, stall in enumerate(stalls)]
+    result = rank_stats(rows)
+    assert result.straggler == straggler
+    assert (result.stall_min, result.stall_max) == pytest.approx((min(stalls), max(stalls)))
+    assert [r.batches_per_s for r in result.ranks] == [5.0] * len(stalls)

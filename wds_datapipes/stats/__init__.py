@@ -1,0 +1,97 @@
+"""See where the time goes: the training loop's wait on data, per stage, source, worker and rank.
+
+Off by default; when off, the pipes read no clock and count nothing, and no file is made. ::
+
+    import wds_datapipes as wd
+    wd.stats.enable()                          # before building the pipeline
+    loader = DataLoader(pipeline(), batch_size=None, num_workers=4)
+    for batch in wd.stats.watch(loader):       # times next(): the loop's wait
+        train_step(batch)
+    print(wd.stats.report())                   # what limits, and the setting that would move it
+    numbers = wd.stats.snapshot()              # the same as plain numbers (a picklable dataclass)
+
+The modules: :mod:`.settings` (on and off; the run folder), :mod:`.tallies` (the counters
+of one process), :mod:`.recorder` (one process's counters, and how loader workers publish
+them), :mod:`.probe` (what stage code measures with, and how each stage is timed; the
+observer hook for exporters) and :mod:`.meters` (its sampler, timed streams and batch meter),
+:mod:`.snapshot` (the numbers), :mod:`.wait` (the
+loop's wait), :mod:`.ranks` (the gather across ranks), :mod:`.report` (the rules and the
+text). Every stage reports into this room; it imports none of them. Exporters live at its
+edge and read snapshots, or observe intervals through ``enable(observer=...)``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .ranks import gather_ranks, rank_stats
+from .recorder import read_records, register_counters
+from .report import Diagnosis, diagnose
+from .report import report as _report_text
+from .settings import StatsSettings, current_settings, disable, enable, enabled
+from .snapshot import (
+    MixStats,
+    RanksStats,
+    RankStats,
+    Snapshot,
+    SourceStats,
+    StageStats,
+    WaitStats,
+    WorkerStats,
+    build,
+)
+from .tallies import ALL_STAGES, STAGES
+from .wait import watch
+
+
+def snapshot() -> Snapshot:
+    """What this run measured so far, in this process and its loader workers (an empty,
+    ``enabled=False`` snapshot when stats are off). Workers' counts are at most ``interval_s``
+    old, and complete once their epoch ended."""
+    settings = current_settings()
+    if settings is None:
+        return Snapshot()
+    from .recorder import recorder_for
+
+    recorder = recorder_for(settings)
+    ranks = recorder.ranks if recorder is not None else None
+    return build(read_records(settings), enabled=True, cpus=_cpus(), ranks=ranks)
+
+
+def report(numbers: Snapshot | None = None) -> str:
+    """A short text naming what limits the run and the setting that would move it (of
+    ``numbers``, or of a snapshot taken now)."""
+    return _report_text(numbers if numbers is not None else snapshot())
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+__all__ = [
+    "ALL_STAGES",
+    "STAGES",
+    "Diagnosis",
+    "MixStats",
+    "RankStats",
+    "RanksStats",
+    "Snapshot",
+    "SourceStats",
+    "StageStats",
+    "StatsSettings",
+    "WaitStats",
+    "WorkerStats",
+    "diagnose",
+    "disable",
+    "enable",
+    "enabled",
+    "gather_ranks",
+    "rank_stats",
+    "register_counters",
+    "report",
+    "snapshot",
+    "watch",
+]

@@ -1,0 +1,243 @@
+"""The meters stage code uses through a :class:`~.probe.Probe`: a :class:`Sampler` for per-sample
+work, a :class:`TimedStream` for a shard's reads, a :class:`BatchMeter` for whole-batch decoding.
+See :mod:`.probe` for what is timed how."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .recorder import counters_delta, read_counters
+from .tallies import IoTarget, SourceTally
+
+_now = time.perf_counter_ns
+# Under CPU contention a sample of microseconds can span another process's time slice (~10 ms),
+# which, scaled by its gap, would swamp a stage's estimate: once a stage has CAP_AFTER timed
+# samples, one counts at most CAP_RATIO times their mean (and at least CAP_FLOOR_NS).
+CAP_AFTER = 16
+CAP_RATIO = 20
+CAP_FLOOR_NS = 200_000
+
+
+class Sampler:
+    """One sample in a jittered gap of about ``sample_every`` timed, every sample counted.
+
+    A loop that runs a whole share or epoch keeps the countdown in a local (``due``, a small
+    int: nothing is allocated per sample) and leaves it with :meth:`save`::
+
+        sampler = probe.sampler("decode") if probe is not None else None
+        due = sampler.due if sampler is not None else 0      # 0: off, never decremented
+        for ...:
+            t0 = 0
+            if due:
+                due -= 1
+                if not due:
+                    t0 = sampler.start()
+            item = produce()                                   # the timed work
+            if t0:
+                due = sampler.stop(t0)
+            yield item
+        ...
+        finally: sampler.save(due)
+
+    ``tick()`` in place of start/stop counts without timing. Loops that run a shard at a
+    time (and may interleave, under a mixture) share this thread's sampler of their stage
+    through :meth:`wrap`, whose countdown lives on the sampler.
+    """
+
+    __slots__ = ("_a0", "armed", "calls", "due", "io", "label", "name", "probe", "source", "stage")
+
+    def __init__(self, probe: Any, name: str, calls: bool, source: SourceTally | None = None, label: str = "",
+                 io: IoTarget | None = None):
+        self.probe, self.name, self.stage, self.calls = probe, name, probe.stages[name], calls
+        self.source, self.label = source, label  # where the samples come from (its ``samples`` count them)
+        self.io = io  # reads by member places, a sample at a time: each timed sample is one read of it
+        self.armed = self.due = self._gap()  # the gap the countdown started at, and where it stands
+        self._a0 = 0
+
+    def start(self) -> int:
+        self._a0 = self.probe.accounted
+        return _now()
+
+    def stop(self, t0: int, sample: Any = None) -> int:
+        """The timed sample ended: its time counts for the gap; returns the next countdown. With an
+        ``io`` target, the sample's bytes (its fields') times the gap are the reads' estimated bytes."""
+        t1 = _now()
+        probe = self.probe
+        ns = t1 - t0 - (probe.accounted - self._a0)
+        stage = self.stage
+        if stage.timed >= CAP_AFTER:  # a time slice of another process is not this sample's work
+            ns = min(ns, max(CAP_FLOOR_NS, CAP_RATIO * stage.ns // stage.timed))
+        stage.timed += 1
+        stage.ns += ns
+        if self.io is not None and isinstance(sample, dict):
+            size = sum(len(v) for v in sample.values() if isinstance(v, (bytes, bytearray, memoryview)))
+            stage.bytes += size * self.armed
+            for tally in (self.io.source, self.io.scheme):
+                tally.sampled_reads += self.armed
+                tally.timed_reads += 1
+                tally.sampled_ns += ns
+                tally.bytes += size * self.armed
+        probe.accounted += ns * self.armed
+        probe.recorder.last_ns = t1
+        if probe.observer is not None:
+            probe.observer.span(self.name, self.label, t1 - ns, t1)
+        return self.tick()
+
+    def tick(self) -> int:
+        """A gap's samples went by: count them, and start the next gap; returns the countdown."""
+        self._count(self.armed)
+        self.armed = self.due = self._gap()
+        return self.due
+
+    def save(self, due: int) -> None:
+        """A loop leaves off with its countdown at ``due``: what went by is counted, and claimed
+        at the stage's mean time so far; the countdown is kept."""
+        passed = self.armed - due
+        if passed > 0:
+            self._count(passed)
+            stage = self.stage
+            if self.calls and stage.timed:
+                self.probe.accounted += passed * stage.ns // stage.timed
+        self.armed = self.due = due if due > 0 else self._gap()
+
+    def _gap(self) -> int:
+        return self.probe.gap(self.stage if self.calls else None)  # a sampler that only counts: the longest
+
+    def pending(self) -> int:
+        """Samples of the current gap that went by and are not counted yet."""
+        return self.armed - self.due
+
+    def _count(self, n: int) -> None:
+        stage = self.stage
+        stage.items += n
+        if self.calls:
+            stage.calls += n
+        if self.source is not None:
+            self.source.samples += n
+
+    def wrap(self, items: Iterable, source: SourceTally | None = None) -> Iterator:
+        """``items``, each next() of theirs the sampled work, the countdown on this sampler (shared
+        by loops that interleave); ``source`` counts the items of this loop. A generator step per
+        item: for stages whose items cost microseconds, not the hottest loops."""
+        nxt = iter(items).__next__
+        n = 0
+        try:
+            while True:
+                self.due -= 1
+                if self.due:
+                    try:
+                        item = nxt()
+                    except StopIteration:
+                        self.due += 1
+                        return
+                else:
+                    t0 = self.start()
+                    try:
+                        item = nxt()
+                    except StopIteration:
+                        self.due = 1  # the timed next() found the end: time the next item instead
+                        return
+                    self.stop(t0)
+                n += 1
+                yield item
+        finally:
+            if source is not None:
+                source.samples += n
+
+
+class BatchMeter:
+    """A pipe that decodes whole batches (``decode_batches``): per batch, the time it works on one
+    (decode; with threads, also the wait for them) with its collation apart (batch)."""
+
+    __slots__ = ("_collate_ns", "batch", "decode", "probe")
+
+    def __init__(self, probe: Any, threads: int):
+        self.probe = probe
+        self.decode = probe.stage("decode", threads)
+        self.batch = probe.stages["batch"]
+        self._collate_ns = 0
+
+    def begin(self) -> int:
+        self._collate_ns = 0
+        return _now()
+
+    def collating(self) -> int:
+        return _now()
+
+    def collated(self, t0: int) -> None:
+        self._collate_ns += _now() - t0
+        self.batch.items += 1
+
+    def failed(self, samples: int) -> None:
+        self.decode.errors += samples
+
+    def end(self, t0: int, samples: int) -> None:
+        """A step of the pipe ended: ``samples`` more were started decoding."""
+        t1 = _now()
+        decode, collate = self.decode, self._collate_ns
+        decode.items += samples
+        decode.exact_ns += t1 - t0 - collate
+        self.batch.exact_ns += collate
+        self.probe.claim("decode", "", t0, t1)
+
+
+class TimedStream:
+    """A shard's stream whose read calls are timed and counted (bytes, time, errors); every other
+    attribute is the stream's own."""
+
+    def __init__(self, raw: Any, probe: Any, target: IoTarget):
+        self._raw, self._probe, self._target = raw, probe, target
+        self._readinto = getattr(raw, "readinto", None)
+
+    def readinto(self, buffer) -> int:
+        probe, target = self._probe, self._target
+        probe.io = target
+        if probe.live:
+            probe.observer.begin("read", target.label)
+        t0 = _now()
+        try:
+            if self._readinto is not None:
+                n = self._readinto(buffer) or 0
+            else:
+                data = self._raw.read(len(buffer))
+                n = len(data)
+                memoryview(buffer).cast("B")[:n] = data
+        except BaseException:
+            target.error()
+            raise
+        finally:
+            t1 = _now()
+            if probe.live:
+                probe.observer.end("read", target.label)
+        target.read(n, t1 - t0)
+        probe.claim("read", target.label, t0, t1)
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        probe, target = self._probe, self._target
+        probe.io = target
+        t0 = _now()
+        try:
+            data = self._raw.read(size)
+        except BaseException:
+            target.error()
+            raise
+        t1 = _now()
+        target.read(len(data), t1 - t0)
+        probe.claim("read", target.label, t0, t1)
+        return data
+
+    def close(self) -> None:
+        """Closes the stream; what the shard cache read from its disk meanwhile counts for the source."""
+        before = read_counters("cache")
+        try:
+            self._raw.close()
+        finally:
+            moved = counters_delta(before, read_counters("cache"))
+            if moved and moved.get("disk_bytes"):
+                self._target.cache_bytes(moved["disk_bytes"])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
