@@ -15,9 +15,12 @@ naming each, and nothing else.
 
 from __future__ import annotations
 
+import fcntl
 import html
 import importlib
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
@@ -33,6 +36,10 @@ REPO_URL = "https://github.com/wds-datapipes/wds-datapipes"
 PUBLIC_MODULES = ("wds_datapipes", "wds_datapipes.writing", "aisio")
 BUILD_TIMEOUT_S = 900  # ~25 s of CPU; minutes of wall clock on a 2-core machine shared with other work
 
+# One build for the module's tests: under pytest-xdist they ask to run in one worker, and workers
+# that get some anyway wait for the one build of the run (see ``site``).
+pytestmark = pytest.mark.xdist_group("docs_site")
+
 if importlib.util.find_spec("torchdata.dataloader2") is None:  # torchdata >= 0.10 (the newest stack)
     pytest.skip("the reference documents wd.MultiProcessingReadingService, DataLoader2's, which this "
                 "torchdata does not have", allow_module_level=True)
@@ -47,10 +54,21 @@ def sphinx_build(source: Path, out: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    result = sphinx_build(DOCS, out)
-    assert result.returncode == 0 and "WARNING" not in result.stderr, (
-        f"the docs build failed (make docs shows the same):\n{result.stderr}{result.stdout[-3000:]}")
+    """The site, built once a run: pytest-xdist's workers share the run's temp folder, and the first
+    to take the lock builds (pytest 9.2 ignores how pytest-xdist 3.8 groups tests, so a module's
+    tests may land on several workers)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each worker's own
+    out = shared / "docs_site"
+    with open(shared / "docs_site.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "result.json").exists():
+            out.mkdir(exist_ok=True)
+            built = sphinx_build(DOCS, out)
+            (out / "result.json").write_text(json.dumps([built.returncode, built.stderr + built.stdout[-3000:]]))
+    returncode, output = json.loads((out / "result.json").read_text())
+    assert returncode == 0 and "WARNING" not in output, f"the docs build failed (make docs shows the same):\n{output}"
     return out / "html"
 
 
