@@ -187,3 +187,13 @@ def test_no_azure_account_fails_at_once_through_the_store_agent_too(monkeypatch,
         open_shard("az://container/shard-0.tar", 0, LIMITS)
     assert "no storage account is named" in str(failed.value) and "transient" not in str(failed.value)
     assert not [r for r in caplog.records if "trying again" in r.getMessage()]
+
+
+def test_credentials_named_in_code_are_not_mixed_with_the_connection_string_s(monkeypatch):
+    """StoreSettings naming a credential: the connection string gives the account and endpoint
+    only (its SAS would otherwise be forced by credential_type beside the key named in code)."""
+    only(monkeypatch, AZURE_STORAGE_CONNECTION_STRING=f"AccountName=acct;SharedAccessSignature={SAS}",
+         TEAM_KEY=KEY)
+    options = cloud_settings._environment_options("az", StoreSettings(credentials_env={"account_key": "TEAM_KEY"}))
+    assert options == {"account_name": "acct", "endpoint": "https://acct.blob.core.windows.net"}
+    assert cloud_settings._environment_options("az", StoreSettings())["credential_type"] == "sas_token"

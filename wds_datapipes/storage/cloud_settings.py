@@ -397,7 +397,10 @@ def _environment_options(scheme: str, settings: StoreSettings) -> dict[str, Any]
     is read. Raises cloud_env.ConfigError for a connection string that cannot be used."""
     named = {name for name, _ in (*settings.options, *settings.credentials_env)}
     if scheme == "az" and not named & {"account_name", "use_emulator"}:
-        return cloud_env.azure_connection(os.environ) or {}
+        options = cloud_env.azure_connection(os.environ) or {}
+        if settings.credentials_env or settings.credential_provider:  # the credentials named in code, alone
+            options = {k: v for k, v in options.items() if k in ("account_name", "endpoint")}
+        return options
     if (scheme == "gs" and settings.endpoint is None and not settings.credentials_env
             and settings.credential_provider is None and (emulator := cloud_env.gcs_emulator(os.environ))):
         return {"base_url": emulator, "credential_provider": cloud_env.no_token}
