@@ -19,6 +19,14 @@ from server_fixtures import (  # noqa: F401
     s3_server,
 )
 
+# One run's servers shared by its processes (pytest-xdist's controller and workers), stopped at its end.
+from shared_servers import (  # noqa: F401
+    pytest_configure,
+    pytest_configure_node,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+
 
 @pytest.fixture
 def make_shards(tmp_path: Path) -> Callable[..., list[str]]:

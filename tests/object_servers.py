@@ -1,10 +1,12 @@
 """Real object-store servers for the tests: Azurite (Azure Blob), fake-gcs-server (GCS) and the
 S3 API of the local AIStore cluster, each behind one small record, :class:`ObjectServer`.
 
-Installing (``python tests/object_servers.py install``, which ``make test-main`` runs): each
-server is kept in the cache folder of :mod:`aisio.cluster` (``$WDS_DATAPIPES_CACHE`` or
-``~/.cache/wds-datapipes``) and installed only when missing:
+Installing (``python tests/object_servers.py install``, which ``make servers`` runs with any
+Python 3, beside the virtual environments' installs): each server is kept in the cache folder
+of :mod:`aisio.cluster` (``$WDS_DATAPIPES_CACHE`` or ``~/.cache/wds-datapipes``) and installed
+only when missing:
 
+- aisnode: :func:`aisio.cluster.build.ensure_aisnode` (Go; minutes once);
 - fake-gcs-server: ``GOBIN=<cache>/bin go install github.com/fsouza/fake-gcs-server@v1.56.1``
   (a few minutes once; a 50 MB binary);
 - Azurite: ``npm install azurite@3.37.0`` into ``<cache>/azurite`` (Node 20 or newer; ~1 min once).
@@ -12,7 +14,9 @@ server is kept in the cache folder of :mod:`aisio.cluster` (``$WDS_DATAPIPES_CAC
 Starting: :func:`start_azurite` and :func:`start_fake_gcs` are context managers that run the
 server on a free port of 127.0.0.1 with a temp data folder, wait for it to answer (bounded;
 a :class:`ServerError` with the tail of its log when it does not), and stop it on exit (its
-whole process group, then check that nothing of it is left). :func:`ais_s3` turns on the
+whole process group, then check that nothing of it is left; :mod:`server_process`). The test
+session shares one of each among its processes instead (:mod:`shared_servers`), from
+:data:`EMULATORS`: how each is launched into a work folder, and how a process reaches it. :func:`ais_s3` turns on the
 AIStore cluster's S3-Reverse-Proxy feature and describes its ``/s3`` API.
 
 Raw puts and bucket creation here use nothing but ``urllib`` (and a small SharedKey signer
@@ -22,19 +26,20 @@ for Azure), so that the clients under test are checked against an independent wr
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import datetime
 import hashlib
 import hmac
+import importlib
 import json
+import logging
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
+import types
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -42,6 +47,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from server_process import (  # noqa: F401 (re-exported: the fixtures and their tests import them from here)
+    ServerError,
+    ServerUnavailable,
+    _Process,
+    group_members,
+    launch,
+)
+from server_process import tail as _tail
 
 FAKE_GCS_MODULE = "github.com/fsouza/fake-gcs-server"
 FAKE_GCS_VERSION = "v1.56.1"
@@ -51,14 +65,6 @@ AZURE_ACCOUNT = "devstoreaccount1"
 AZURE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 S3_REVERSE_PROXY = 1 << 13  # AIStore's "S3-Reverse-Proxy" feature bit (the REST API takes the bitmask)
 START_TIMEOUT_S = 120.0  # Node loading Azurite takes ~2 s on a quiet machine, ~30 s on a loaded 2-core one
-
-
-class ServerError(RuntimeError):
-    """A test server could not be installed or started (the message says why, with its log tail)."""
-
-
-class ServerUnavailable(ServerError):
-    """What a server needs is not on this machine (no Go, no Node): tests skip, except in CI."""
 
 
 def cache_dir() -> Path:
@@ -108,9 +114,24 @@ def azurite_blob_script() -> Path:
     return script
 
 
+def aisnode_binary() -> Path:
+    """The aisnode binary, built with Go first when it is missing (:func:`aisio.cluster.build.ensure_aisnode`,
+    loaded without importing :mod:`aisio`, which imports the whole library: this runs before
+    and beside the virtual environment's install)."""
+    package = "_aisio_cluster_alone"
+    if package not in sys.modules:
+        sys.modules[package] = types.ModuleType(package)
+        sys.modules[package].__path__ = [str(Path(__file__).resolve().parents[1] / "aisio" / "cluster")]
+    return importlib.import_module(f"{package}.build").ensure_aisnode()
+
+
 def install() -> dict[str, Path]:
-    """Installs what is missing; returns where each server is."""
-    return {"fake-gcs-server": fake_gcs_binary(), "azurite": azurite_blob_script()}
+    """Installs what is missing, Azurite (npm) beside the two Go builds (each of which uses
+    every core); returns where each server is."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        azurite = pool.submit(azurite_blob_script)
+        built = {"aisnode": aisnode_binary(), "fake-gcs-server": fake_gcs_binary()}
+        return {**built, "azurite": azurite.result()}
 
 
 # ---------------------------------------------------------------- the record the fixtures yield
@@ -192,111 +213,6 @@ def _http(method: str, url: str, data: bytes | None = None, headers: dict[str, s
         raise ServerError(f"{method} {url}: {exn.code} {exn.read()[:300]!r}") from None
 
 
-# ---------------------------------------------------------------- a server process
-
-
-class _Process:
-    """A server in its own process group, its output in a log file, stopped whole."""
-
-    def __init__(self, name: str, argv: list[str], workdir: Path):
-        self.name = name
-        self.log_path = workdir / f"{name}.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=workdir, start_new_session=True)
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return _tail(self.log_path.read_text(errors="replace"), lines)
-        except OSError:
-            return "(no log)"
-
-    def wait_ready(self, probe: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerError(f"{self.name} exited with status {self.proc.returncode} before answering; "
-                                  f"its log ends:\n{self.log_tail()}")
-            if probe():
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise ServerError(f"{self.name} did not answer within {timeout:.0f} s; its log ends:\n{self.log_tail()}")
-
-    def stop(self, grace: float = 10.0) -> None:
-        """Ends the whole process group (SIGTERM, then SIGKILL after ``grace`` s) and checks none of it is left."""
-        group = self.proc.pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGTERM)
-        try:
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
-            self.proc.wait(grace)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)  # any child left behind by the leader
-        self._log.close()
-        left = group_members(group)
-        if left:
-            raise ServerError(f"{self.name}: processes {left} of its group outlived it")
-
-
-def _launch(name: str, workdir: Path, timeout: float, probe_path: str,
-            argv_for: Callable[[int], list[str]]) -> tuple[_Process, str]:
-    """Starts a server on a free port and waits until ``GET <it><probe_path>`` answers; a port
-    taken between choosing and binding it is tried again with another (twice)."""
-    for attempt in range(3):
-        port = _free_port()
-        endpoint = f"http://127.0.0.1:{port}"
-        server = _Process(name, argv_for(port), workdir)
-        try:
-            server.wait_ready(lambda: _answers(endpoint + probe_path), timeout)  # noqa: B023 (used at once)
-            return server, endpoint
-        except ServerError as exn:
-            server.stop()
-            if attempt == 2 or not any(w in str(exn).lower() for w in ("in use", "eaddrinuse")):
-                raise
-    raise AssertionError("unreachable")
-
-
-def group_members(group: int) -> list[int]:
-    """The live (not zombie) processes of process group ``group``, read from /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == group and fields[0] != b"Z":
-            found.append(int(entry))
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    """Whether an HTTP server answers at ``url`` (any status)."""
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _tail(text: str, lines: int = 20) -> str:
-    return "\n".join((text or "").strip().splitlines()[-lines:]) or "(empty)"
-
-
 # ---------------------------------------------------------------- fake-gcs-server
 
 
@@ -306,26 +222,33 @@ def start_fake_gcs(timeout: float = START_TIMEOUT_S) -> Iterator[ObjectServer]:
 
     Its endpoint is a relay in front of it that adds the XML-API upload it lacks (:class:`GcsXmlPut`).
     """
+    with _own("fake-gcs-server", timeout) as server:
+        yield server
+
+
+def launch_fake_gcs(workdir: Path, timeout: float = START_TIMEOUT_S) -> tuple[_Process, str]:
+    """fake-gcs-server on a free port with its data in ``workdir``; its process and endpoint."""
+    binary = fake_gcs_binary()
+    (workdir / "data").mkdir()
+    # -public-host without a port: path-style requests (GET/DELETE /BUCKET/KEY) are taken
+    # from any port of 127.0.0.1, a fault proxy's included (else the Host names a bucket).
+    return launch("fake-gcs-server", workdir, timeout, "/storage/v1/b",
+                  lambda port: [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-data",
+                                str(workdir / "data"), "-public-host", "127.0.0.1", "-log-level", "warn"])
+
+
+@contextlib.contextmanager
+def gcs_front(endpoint: str, workdir: Path, log: Callable[[], str], pid: int) -> Iterator[ObjectServer]:
+    """The ObjectServer of the fake-gcs-server at ``endpoint``, reached through a relay of this
+    process that adds the XML-API upload (:class:`GcsXmlPut`); the relay stops on exit."""
     from fault_proxy import FaultProxy
 
-    binary = fake_gcs_binary()
-    with tempfile.TemporaryDirectory(prefix="fake-gcs-") as tmp:
-        (Path(tmp) / "data").mkdir()
-        # -public-host without a port: path-style requests (GET/DELETE /BUCKET/KEY) are taken
-        # from any port of 127.0.0.1, a fault proxy's included (else the Host names a bucket).
-        server, endpoint = _launch(
-            "fake-gcs-server", Path(tmp), timeout, "/storage/v1/b",
-            lambda port: [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-data",
-                          str(Path(tmp) / "data"), "-public-host", "127.0.0.1", "-log-level", "warn"])
-        try:
-            account = Path(tmp) / "service-account.json"
-            account.write_text(json.dumps({"disable_oauth": True, "client_email": "", "private_key": "",
-                                           "private_key_id": ""}))
-            with FaultProxy(endpoint, translate=GcsXmlPut()) as shim:
-                yield ObjectServer("gs", shim.url, gcs_env(shim.url, account), _gcs_create, _gcs_put,
-                                   server.log_tail, shim.url, server.proc.pid)
-        finally:
-            server.stop()
+    account = workdir / "service-account.json"
+    if not account.exists():
+        account.write_text(json.dumps({"disable_oauth": True, "client_email": "", "private_key": "",
+                                       "private_key_id": ""}))
+    with FaultProxy(endpoint, translate=GcsXmlPut()) as shim:
+        yield ObjectServer("gs", shim.url, gcs_env(shim.url, account), _gcs_create, _gcs_put, log, shim.url, pid)
 
 
 class GcsXmlPut:
@@ -378,21 +301,26 @@ def _gcs_put(endpoint: str, bucket: str, key: str, data: bytes) -> None:
 @contextlib.contextmanager
 def start_azurite(timeout: float = START_TIMEOUT_S) -> Iterator[ObjectServer]:
     """Azurite's blob service on a free port (a temp data folder, ``--skipApiVersionCheck``), stopped on exit."""
+    with _own("azurite", timeout) as server:
+        yield server
+
+
+def launch_azurite(workdir: Path, timeout: float = START_TIMEOUT_S) -> tuple[_Process, str]:
+    """Azurite's blob service on a free port with its data in ``workdir``; its process and endpoint."""
     script = azurite_blob_script()
     node = shutil.which("node")
     if node is None:
         raise ServerUnavailable("Node is not on PATH: Azurite cannot run")
-    with tempfile.TemporaryDirectory(prefix="azurite-") as tmp:
-        server, endpoint = _launch(
-            "azurite-blob", Path(tmp), timeout, f"/{AZURE_ACCOUNT}?comp=list",
-            lambda port: [node, str(script), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
-                          str(Path(tmp) / "data"), "--skipApiVersionCheck", "--silent", "--disableProductStyleUrl",
-                          "--disableTelemetry"])
-        try:
-            yield ObjectServer("az", endpoint, azure_env(endpoint), _az_create, _az_put, server.log_tail, endpoint,
-                               server.proc.pid)
-        finally:
-            server.stop()
+    return launch("azurite-blob", workdir, timeout, f"/{AZURE_ACCOUNT}?comp=list",
+                  lambda port: [node, str(script), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
+                                str(workdir / "data"), "--skipApiVersionCheck", "--silent",
+                                "--disableProductStyleUrl", "--disableTelemetry"])
+
+
+@contextlib.contextmanager
+def azurite_front(endpoint: str, workdir: Path, log: Callable[[], str], pid: int) -> Iterator[ObjectServer]:
+    """The ObjectServer of the Azurite at ``endpoint``."""
+    yield ObjectServer("az", endpoint, azure_env(endpoint), _az_create, _az_put, log, endpoint, pid)
 
 
 def azure_env(endpoint: str) -> dict[str, str]:
@@ -443,6 +371,25 @@ def _az_create(endpoint: str, container: str) -> None:
 def _az_put(endpoint: str, container: str, key: str, data: bytes) -> None:
     _az_request("PUT", f"{endpoint}/{AZURE_ACCOUNT}/{container}/{urllib.parse.quote(key)}", data,
                 {"x-ms-blob-type": "BlockBlob"})
+
+
+# ---------------------------------------------------------------- started here, or shared by a test run
+
+# Each emulator: how it is launched (into a work folder) and how a process reaches it.
+EMULATORS = {"fake-gcs-server": (launch_fake_gcs, gcs_front), "azurite": (launch_azurite, azurite_front)}
+
+
+@contextlib.contextmanager
+def _own(name: str, timeout: float) -> Iterator[ObjectServer]:
+    """Emulator ``name`` started here, in a temp folder of its own, and stopped on exit."""
+    start, front = EMULATORS[name]
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        server, endpoint = start(Path(tmp), timeout)
+        try:
+            with front(endpoint, Path(tmp), server.log_tail, server.proc.pid) as made:
+                yield made
+        finally:
+            server.stop()
 
 
 # ---------------------------------------------------------------- AIStore's S3 API
@@ -496,5 +443,6 @@ def delete_s3_bucket(ais_endpoint: str, bucket: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] != ["install"]:
         sys.exit("usage: python tests/object_servers.py install")
+    logging.basicConfig(level=logging.INFO, format="[install] %(message)s")  # the Go builds' progress
     for name, where in install().items():
         print(f"{name}: {where}")

@@ -6,7 +6,8 @@ and a fault-injecting proxy in front of any of them (``fault_proxy``).
 Each object-store fixture yields an :class:`object_servers.ObjectServer`: ``endpoint``,
 ``env`` (the standard variables boto3 / obstore / the SDKs read), ``new_bucket()``,
 ``put(bucket, key, data)``, ``url(bucket, key)``, ``through(proxy)``. A server starts once
-per session, on first use, and is stopped at its end (no process of it left).
+per test run, on first use by any of its processes (pytest-xdist workers share it), and is
+stopped at the run's end (no process of it left): :mod:`shared_servers`.
 
 Where a server cannot exist on this machine (no aisnode and no Go, no Node, no Go for
 fake-gcs-server) its tests skip with the reason; under CI (``CI`` set) they fail instead.
@@ -17,35 +18,33 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from fault_proxy import FaultProxy, Schedule, no_faults
-from object_servers import (
-    ObjectServer,
-    ServerUnavailable,
-    ais_s3,
-    delete_s3_bucket,
-    start_azurite,
-    start_fake_gcs,
-)
+from object_servers import ObjectServer, ServerUnavailable, ais_s3, delete_s3_bucket
+from shared_servers import ais_cluster, emulator
 
 from aisio.client import ENDPOINT_ENV
-from aisio.cluster import ClusterError, cluster_endpoint
+from aisio.cluster import ClusterError
 from aisio.cluster.config import CACHE_ENV
-from aisio.cluster.config import cache_dir as cluster_cache_dir
 
 IN_CI = bool(os.environ.get("CI"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(items):
+    """Marks the tests of the AIStore cluster ``ais``; under pytest-xdist, the tests of a module
+    that share a module-scoped fixture run in one worker (``xdist_group``), so that it is set
+    up once (a cluster of the module's own, generated media)."""
     for item in items:
         if "ais_endpoint" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ais)
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d and d[-1].scope == "module" for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def cannot_have(reason: str):
@@ -64,14 +63,18 @@ def _healthy(url: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def ais_endpoint():
+def ais_endpoint(request):
     """The endpoint of a healthy AIStore cluster; ``$AIS_ENDPOINT`` points at it for the session.
 
     With ``AIS_ENDPOINT`` set, that cluster. Otherwise the local cluster of :mod:`aisio.cluster`
     (1 proxy + 2 targets on 127.0.0.1, aisnode built first if missing): one already started
     with ``python -m aisio.cluster start`` is used and left running, else one is started for
-    the session and stopped at its end. Under CI the session always starts its own
-    (:func:`_private_cluster_cache`).
+    the test run and stopped at its end. It is one cluster for the whole run, shared by its
+    pytest-xdist workers (:func:`shared_servers.ais_cluster`). Under CI the run always starts
+    its own, its state in a cache folder of the run's (``$WDS_DATAPIPES_CACHE`` points there
+    while the cluster is in use, for worker processes and example scripts): a cluster left
+    running by another run on the same machine, or started beside it, is never used,
+    stopped or replaced.
     """
     given = os.environ.get(ENDPOINT_ENV)
     if given:
@@ -79,37 +82,15 @@ def ais_endpoint():
             pytest.fail(f"AIS_ENDPOINT={given} does not answer GET /v1/health with 200", pytrace=False)
         yield given.rstrip("/")
         return
-    with contextlib.ExitStack() as stack:
-        if IN_CI:
-            stack.enter_context(_private_cluster_cache())
-        try:  # the running local cluster, or one started (and stopped) for the session
-            endpoint = stack.enter_context(cluster_endpoint(verbose=False))
-        except ClusterError as exn:
-            cannot_have(f"no local AIStore cluster: {exn}")
-        yield endpoint
-
-
-@contextlib.contextmanager
-def _private_cluster_cache():
-    """Under CI, the session's cluster is its own: a cache folder of the session's holds the
-    cluster's state (the installed servers linked in from the real cache), so a cluster left
-    running by another run on the same machine, or started by one beside it, is never used,
-    stopped or replaced by this one."""
-    real = cluster_cache_dir()
-    private = Path(tempfile.mkdtemp(prefix="wds-test-cache-"))
-    for entry in real.iterdir() if real.is_dir() else ():
-        if entry.name not in ("cluster", "runs"):
-            (private / entry.name).symlink_to(entry)
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(private)  # worker processes and example scripts inherit it
     try:
-        yield private
-    finally:
-        if before is None:
-            os.environ.pop(CACHE_ENV, None)
-        else:
-            os.environ[CACHE_ENV] = before
-        shutil.rmtree(private, ignore_errors=True)
+        cluster = ais_cluster(request.config, private=IN_CI)
+    except ClusterError as exn:
+        cannot_have(f"no local AIStore cluster: {exn}")
+    with pytest.MonkeyPatch.context() as env:
+        if cluster["cache"]:
+            env.setenv(CACHE_ENV, cluster["cache"])
+        env.setenv(ENDPOINT_ENV, cluster["endpoint"])  # worker processes started later inherit it
+        yield cluster["endpoint"]
 
 
 @pytest.fixture(scope="session")
@@ -135,16 +116,18 @@ def _started(start):
 
 
 @pytest.fixture(scope="session")
-def azure_server():
-    """Azurite's blob service (account ``devstoreaccount1``, the emulator's well-known key)."""
-    with _started(start_azurite) as server:
+def azure_server(request):
+    """Azurite's blob service (account ``devstoreaccount1``, the emulator's well-known key): one
+    for the test run, shared by its pytest-xdist workers."""
+    with _started(lambda: emulator(request.config, "azurite")) as server:
         yield server
 
 
 @pytest.fixture(scope="session")
-def gcs_server():
-    """fake-gcs-server over plain HTTP (no auth: clients skip signing)."""
-    with _started(start_fake_gcs) as server:
+def gcs_server(request):
+    """fake-gcs-server over plain HTTP (no auth: clients skip signing): one for the test run,
+    shared by its pytest-xdist workers, each reaching it through a relay of its own."""
+    with _started(lambda: emulator(request.config, "fake-gcs-server")) as server:
         yield server
 
 
