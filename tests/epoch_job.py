@@ -5,7 +5,8 @@
 It reads ``--epochs`` epochs of ``ExactEpochs(...).batch_samples(B)`` (no model), or with
 ``--mix SPEC`` (a JSON file of MixedEpochs' arguments: sources, weights, batching, ...) of
 ``MixedEpochs(...)``, and writes every batch's keys, pad flags (and sources) to OUT as JSON. With ``--stop-after K`` it stops after K
-batches and writes a checkpoint (``--state-out``); ``--state-in`` resumes from one. With
+batches and writes a checkpoint (``--state-out``); with ``--save-at K1,K2`` it writes one after each of
+those batches and goes on; ``--state-in`` resumes from one. With
 ``--dist`` it joins a gloo process group from torch's env:// variables and all-reduces after
 every batch, as DDP does, so ranks with unequal batch counts would hang.
 """
@@ -82,6 +83,8 @@ def main() -> None:
     parser.add_argument("--stop-after", type=int, default=-1)
     parser.add_argument("--state-in")
     parser.add_argument("--state-out")
+    parser.add_argument("--save-at", default="", help="K1,K2,...: write a checkpoint after each of these batches "
+                        "to --state-out with {stop} replaced by K, and go on to the end")
     parser.add_argument("--dist", action="store_true")
     parser.add_argument("--pipeline", default="exact", help="exact (an index), or lister (INDEX is a shard glob)")
     args = parser.parse_args()
@@ -89,6 +92,7 @@ def main() -> None:
     if args.dist:
         dist.init_process_group("gloo")
     source, dp = build(args)
+    save_at = {int(k) for k in args.save_at.split(",") if k}
     first_epoch, done = 0, 0
     saved = None
     if args.state_in:
@@ -121,15 +125,16 @@ def main() -> None:
                 batches.append(record)
                 in_epoch += 1
                 done += 1
-                if done == args.stop_after:
+                if done == args.stop_after or done in save_at:
                     state = {"epoch": epoch, "batches": in_epoch, "world": dist.get_world_size() if args.dist else 1,
                              "workers": args.workers or 1}
                     if args.loader == "stateful":
                         state["loader"] = loader.state_dict()
                     elif isinstance(source, wd.MixedEpochs):
                         state["mix"] = source.step_state(epoch, in_epoch, state["world"], state["workers"]).to_dict()
-                    with open(args.state_out, "w") as f:
+                    with open(args.state_out.replace("{stop}", str(done)), "w") as f:
                         json.dump(state, f)
+                if done == args.stop_after:
                     epochs.append(batches)
                     return
             epochs.append(batches)

@@ -207,16 +207,22 @@ RESUMES = [
 
 @pytest.mark.parametrize(("loader", "workers"), RESUMES)
 def test_a_run_resumed_in_a_new_process_continues_batch_for_batch(tmp_path, uneven_index, loader, workers):
+    """Oracle: a run of the same loader that no checkpoint touched. One run checkpoints after
+    each stop (mid-epoch, in an epoch's last batch, at the boundary, in the next epoch) and
+    goes on: it reads the same batches as the untouched run; each checkpoint, resumed in a
+    new process, reads exactly the batches after its stop."""
     common = ["--workers", workers, "--epochs", "3", "--batch", "8"]
     whole = _flat(_job(tmp_path, "whole", uneven_index, loader, *common))
     per_epoch = len(whole) // 3
     assert per_epoch == 50
-    for stop in (5, per_epoch - 1, per_epoch, per_epoch + 17):  # mid-epoch, in the last batch, at the boundary
-        state = tmp_path / f"state-{stop}.json"
-        head = _flat(_job(tmp_path, f"head-{stop}", uneven_index, loader, *common,
-                          "--stop-after", str(stop), "--state-out", str(state)))
-        tail = _flat(_job(tmp_path, f"tail-{stop}", uneven_index, loader, *common, "--state-in", str(state)))
-        assert head == whole[:stop]
+    stops = (5, per_epoch - 1, per_epoch, per_epoch + 17)
+    state = tmp_path / "state-{stop}.json"
+    saving = _flat(_job(tmp_path, "saving", uneven_index, loader, *common, "--save-at", ",".join(map(str, stops)),
+                        "--state-out", str(state)))
+    assert saving == whole  # taking a checkpoint changes nothing that follows
+    for stop in stops:
+        tail = _flat(_job(tmp_path, f"tail-{stop}", uneven_index, loader, *common,
+                          "--state-in", str(state).replace("{stop}", str(stop))))
         assert tail == whole[stop:], f"resumed after batch {stop}"
 
 
