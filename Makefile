@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 NEWEST := .venv-newest
 NEWEST_INSTALLED := $(NEWEST)/.installed
 
-.PHONY: ffmpeg bench-media setup setup-newest train test test-main test-newest test-core bench bench-epochs bench-nodes bench-ais bench-cache bench-write bench-storage lint clean
+.PHONY: ffmpeg bench-media setup setup-newest servers train test test-main test-newest test-core bench bench-epochs bench-nodes bench-ais bench-cache bench-write bench-storage lint clean
 
 setup: $(INSTALLED)
 
@@ -41,15 +41,32 @@ $(NEWEST_INSTALLED): pyproject.toml constraints-newest.txt | ffmpeg
 train: setup
 	$(BIN)/python examples/train_digits.py
 
-# The whole suite, AIStore tests included (they start and stop a local cluster), on the
-# tested stack (torch 2.13, torchdata 0.8 with DataLoader2) and then on the newest one.
-test: test-main test-newest
+# The test servers: the AIStore node and fake-gcs-server built with Go, Azurite installed with npm, each once
+# into ~/.cache/wds-datapipes (docs/testing.md). Any Python 3 runs the installer, so it needs no virtual
+# environment and runs beside their installs under make -j: the Go builds use the CPU while pip waits on
+# the network and the disk.
+servers:
+	$(PYTHON) tests/object_servers.py install
 
-test-main: setup
-	$(BIN)/python -m aisio.cluster install
-	$(BIN)/python tests/object_servers.py install
+# The whole suite, AIStore and object-store tests included (the run starts and stops the servers), on the
+# tested stack (torch 2.13, torchdata 0.8 with DataLoader2) and then on the newest one. The installs run
+# side by side; each stack's tests run in TEST_WORKERS pytest-xdist workers, which share one AIStore
+# cluster and one of each emulator for the whole run (tests/shared_servers.py). TEST_JOBS=2 runs the two
+# stacks' tests at the same time (each one's output then comes when it ends).
+test:
+	$(MAKE) --no-print-directory -j3 setup setup-newest servers
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) $(if $(filter 1,$(TEST_JOBS)),,--output-sync=target) \
+		test-main test-newest
+
+TEST_JOBS ?= 1
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+# Bytecode cached: the suite starts hundreds of Python processes, each of which would compile the library again.
+TEST_ENV = env -u PYTHONDONTWRITEBYTECODE
+
+test-main: setup servers
 	$(BIN)/ruff check wds_datapipes aisio tests examples benchmarks
-	$(BIN)/python -m pytest -q --durations=25
+	$(TEST_ENV) $(BIN)/python -m pytest -q --durations=25 $(XDIST)
 
 # On torch 2.15 + torchdata 0.11, the tests of what can differ there: the loaders, the pipes (a
 # stand-in where torch has no DataPipes), decoding (torchvision 0.29 hands images to TorchCodec),
@@ -64,8 +81,8 @@ NEWEST_TESTS := tests/loaders tests/pipes tests/decoding tests/epochs tests/shar
 # Of tests/epochs, the pure plans (mixtures, their rules) and the index command use no torch: tested stack only.
 NEWEST_SKIP := --ignore=tests/epochs/test_mixture.py --ignore=tests/epochs/test_mixture_rules.py \
 	--ignore=tests/epochs/test_shard_index.py --ignore=tests/epochs/test_places_format.py
-test-newest: setup-newest
-	$(NEWEST)/bin/python -m pytest -q --durations=15 $(NEWEST_TESTS) $(NEWEST_SKIP)
+test-newest: setup-newest servers
+	$(TEST_ENV) $(NEWEST)/bin/python -m pytest -q --durations=15 $(XDIST) $(NEWEST_TESTS) $(NEWEST_SKIP)
 
 test-core: setup
 	$(BIN)/python -m pytest -q tests --ignore=tests/aisio
