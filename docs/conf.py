@@ -38,10 +38,7 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-# api/stats.rst: the reference of the wds_datapipes.stats room, ready for when the room lands. Then:
-# drop it from here, add "stats" to the toctree of api/index.rst, and "wds_datapipes.stats" to
-# public_api_modules below (and to PUBLIC_MODULES in tests/test_docs_site.py).
-exclude_patterns: list[str] = ["api/stats.rst"]
+exclude_patterns: list[str] = []
 nitpicky = True  # every reference resolves (tests/test_docs_site.py builds with -W)
 
 # The guides link to headings by their GitHub anchors (``speed.md#performance-guide``); the same
@@ -58,9 +55,9 @@ repo_links_url = "https://github.com/wds-datapipes/wds-datapipes"
 repo_links_branch = "main"
 
 # The public names each of these modules lists in ``__all__`` must each be documented, with a
-# docstring, somewhere in docs/api/ (docs/_ext/public_api.py checks it). The ``wds_datapipes.stats``
-# room joins the list with its page, docs/api/stats.rst (see exclude_patterns above).
-public_api_modules = ["wds_datapipes", "wds_datapipes.writing", "aisio"]
+# docstring, somewhere in docs/api/ (docs/_ext/public_api.py checks it; tests/test_docs_site.py lists
+# the same modules).
+public_api_modules = ["wds_datapipes", "wds_datapipes.writing", "wds_datapipes.stats", "aisio"]
 
 autosummary_generate = False  # the tables only: no stub pages written into the source tree
 autodoc_member_order = "bysource"

@@ -46,7 +46,8 @@ class Diagnosis:
         source: the source that takes the most time reading (named where reading limits).
         straggler: the straggler rank of the last gather, or None.
         shares: each stage's share of the time of the processes that ran the pipes.
-        wait_share, readiness: the loop's, where watched.
+        wait_share: the loop's, where watched.
+        readiness: the loop's, where watched.
     """
 
     data_limits: bool | None

@@ -35,7 +35,8 @@ class StageStats:
     Attributes:
         seconds: the stage's time: what was timed whole (reads, openings, batches), and for
             per-sample work an estimate from ``timed`` of its ``calls`` samples.
-        errors, retries: failures (raised or skipped by a handler) and retried requests.
+        errors: failures (raised or skipped by a handler).
+        retries: retried requests.
         threads: the largest thread pool the stage ran with (``num_threads``), 0: none.
     """
 
@@ -183,7 +184,8 @@ class Snapshot:
         enabled: whether stats were on (an empty snapshot otherwise).
         processes: how many processes' records it sums.
         stages: every stage (``StageStats``), measured or derived, by name.
-        sources, schemes: per source and per URL scheme.
+        sources: per source.
+        schemes: per URL scheme.
         workers: per worker and rank.
         mixtures: per mixture, epoch and source.
         wait: the training loop's wait (None where nothing was watched).

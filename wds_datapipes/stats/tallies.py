@@ -9,11 +9,12 @@ happens where one process runs two pipelines in two threads at the same moment.
 
 from __future__ import annotations
 
-# The stages, in pipeline order (what each one counts: docs in snapshot.StageStats).
+#: The stages, in pipeline order (what each one counts: :class:`~wds_datapipes.stats.StageStats`).
 STAGES = ("list", "open", "read", "tar", "decode", "transform", "batch")
 # Derived from each process's wall clock, not counted: time upstream of a batching pipe of ours
 # that no stage of ours accounts for (a user's .map, torch's pipes), and the rest of the time.
 DERIVED = ("other", "handover")
+#: :data:`STAGES` and the two derived from each process's wall clock: ``other`` and ``handover``.
 ALL_STAGES = STAGES + DERIVED
 
 
