@@ -33,7 +33,7 @@ extensions = [
     "myst_parser",  # the Markdown guides
     "repo_links",  # docs/_ext: guide links to files of the repository, not pages of the site
     "public_api",  # docs/_ext: every public name documented, and found under its public path
-    "rooms",  # docs/_ext: the contributors' page of every module's docstring, room by room
+    "rooms",  # docs/_ext: the contributors' page: every module and its docstring's first paragraph
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
@@ -81,22 +81,21 @@ html_theme_options = {
 }
 html_static_path: list[str] = []
 
-# Names from outside the project, which no reference could resolve: there is no network to fetch
-# the other projects' inventories (intersphinx), so each family is listed here instead, and shows as
-# plain text.
+# Names from outside the project, which no reference can resolve: there is no network to fetch the
+# other projects' inventories (intersphinx), so each family is listed here instead, and shows as plain
+# text. Python's builtins (``str``, ``None``) and ``typing``'s names need no entry: Sphinx lets them be.
 _EXTERNAL = {
-    # Python's own: builtins, and the standard library's modules our signatures use.
-    "builtins": r"(None|bool|bytes|bytearray|memoryview|int|float|complex|str|dict|list|tuple|set|frozenset"
-                r"|object|type|callable|Ellipsis|BaseException|Exception|ValueError|TypeError|OSError"
-                r"|KeyError|RuntimeError|IOError|FileNotFoundError|TimeoutError|ConnectionError"
-                r"|NotImplementedError|StopIteration|UserWarning|DeprecationWarning)",
-    "stdlib": r"(typing|collections|collections\.abc|pathlib|io|os|logging|threading|queue|concurrent\.futures"
+    # The standard library's modules our signatures name (``collections.abc.Iterator``, ``io.RawIOBase``,
+    # ``os.PathLike``), and those they may.
+    "stdlib": r"(collections|collections\.abc|pathlib|io|os|logging|threading|queue|concurrent\.futures"
               r"|multiprocessing|subprocess|socket|http\.client|datetime|enum|dataclasses|argparse"
-              r"|tarfile|sqlite3|types|random|numbers|contextlib|ctypes|abc|re|json|email)\..+",
-    # PyTorch, torchdata, torchvision and TorchCodec: the loaders, tensors and DataPipes we build on.
+              r"|tarfile|sqlite3|types|random|numbers|contextlib|ctypes|abc|re|json|typing)\..+",
+    # PyTorch, torchdata, torchvision and TorchCodec: tensors, devices and the DataPipes we build on
+    # (``IterDataPipe``: how our pipes' attribute annotations name torch's base class).
     "torch": r"(torch|torchdata|torchvision|torchcodec)(\..+)?|IterDataPipe",
-    # numpy's arrays, Pillow's images, webdataset's writers, the aistore SDK, obstore, pyarrow.
-    "libraries": r"(numpy|np|PIL|webdataset|aistore|obstore|pyarrow|requests|urllib3|boto3)(\..+)?",
+    # numpy's arrays; the aistore SDK's client, retry, ETL and dSort types (aisio's signatures);
+    # Pillow, webdataset, obstore and pyarrow, which other signatures may name.
+    "libraries": r"(numpy|PIL|webdataset|aistore|obstore|pyarrow)(\..+)?",
 }
 nitpick_ignore_regex = [(r"py:.*", pattern) for pattern in _EXTERNAL.values()]
 
