@@ -33,18 +33,10 @@ from aisio.cluster.config import CACHE_ENV
 IN_CI = bool(os.environ.get("CI"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(items):
-    """Marks the tests of the AIStore cluster ``ais``; under pytest-xdist, the tests of a module
-    that share a module-scoped fixture run in one worker (``xdist_group``), so that it is set
-    up once (a cluster of the module's own, generated media)."""
     for item in items:
         if "ais_endpoint" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ais)
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d and d[-1].scope == "module" for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def cannot_have(reason: str):
