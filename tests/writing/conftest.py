@@ -1,4 +1,5 @@
-"""Inputs the writer tests share: in-memory samples and a Pets-like folder of files."""
+"""Inputs the writer tests share: in-memory samples and a Pets-like folder of files; and a check
+after every test that GNU tar reads each shard it left under ``tmp_path`` as tarfile does."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import random
 
 import numpy as np
 import pytest
+
+from tests.writing.gnu_tar import check_with_gnu_tar, shards_under
+
+_GNU_TAR_MOST = 200  # shards checked a test (two tar runs each, all in one shell)
 
 
 def make_samples(n: int, seed: int = 0) -> list[dict]:
@@ -38,3 +43,14 @@ def make_pets(root, n: int = 12, seed: int = 0) -> dict[str, bytes]:
 @pytest.fixture
 def samples() -> list[dict]:
     return make_samples(60)
+
+
+@pytest.fixture(autouse=True)
+def _shards_read_by_gnu_tar(request):
+    """After each test that used ``tmp_path``: every shard left there (``.tar``, ``.tar.gz``,
+    ``.tar.bz2``, ``.tar.xz``) is listed and extracted by GNU tar, which must find the names,
+    sizes and bytes that tarfile finds. oracle: GNU tar."""
+    folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if folder is not None:
+        check_with_gnu_tar(shards_under(folder)[:_GNU_TAR_MOST])

@@ -1,6 +1,8 @@
 """A conversion killed at 20 seeded points (at random times, and in shard finalisation) resumes
-to the uninterrupted result: no duplicate, no gap, no half shard under its final name; the same
-for compressed shards (gzip, zstd), killed at 8 seeded points each."""
+to the uninterrupted result: no duplicate, no gap, no half shard under its final name, the
+index the same bytes; the same for compressed shards (gzip, zstd), killed at 8 seeded points
+each; and a restart with another maxcount, killed at random times, then resumed, leaves only
+its own shards."""
 
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ def _arm(kind: str, nth: int) -> None:
         def append(self, entry):
             count[0] += 1
             if count[0] == nth + 1:  # the (nth + 1)th line this run appends (a shard's, or the end line)
-                line = progress_module.json.dumps(entry) + "\n"
+                line = entry + "\n"  # the line's text
                 self._out.write(line[: len(line) // 2])  # half a line on disk, then the node is gone
                 self._out.flush()
                 _die()
@@ -78,7 +80,7 @@ def _arm(kind: str, nth: int) -> None:
 
 
 def _conversion(out: Path, kind: str | None = None, nth: int = 1, kill_after: float | None = None,
-                suffix: str = ".tar") -> int:
+                suffix: str = ".tar", maxcount: int = MAXCOUNT, restart: bool = False) -> int:
     """Runs the conversion in a forked process group; returns its wait status (0: it finished)."""
     pid = os.fork()
     if pid == 0:  # the conversion
@@ -87,8 +89,8 @@ def _conversion(out: Path, kind: str | None = None, nth: int = 1, kill_after: fl
             os.setsid()
             if kind is not None and kind != "time":
                 _arm(kind, nth)
-            report = write_shards(make_samples(N, seed=9), str(out / f"s-%04d{suffix}"), maxcount=MAXCOUNT, workers=2,
-                                  map=slow, fsync=False)
+            report = write_shards(make_samples(N, seed=9), str(out / f"s-%04d{suffix}"), maxcount=maxcount, workers=2,
+                                  map=slow, fsync=False, restart=restart)
             code = 0 if (report.read, report.written) == (N, N) else 3
         except BaseException:  # noqa: BLE001 - shown, then the exit code says it failed
             traceback.print_exc()
@@ -143,8 +145,44 @@ def test_a_run_killed_twenty_times_resumes_to_the_uninterrupted_result(tmp_path)
     assert _conversion(tmp_path / "cut") == 0
     assert {p.name: _members(p) for p in sorted((tmp_path / "cut").glob("*.tar"))} == whole
     assert not list((tmp_path / "cut").glob("*.part"))
-    assert (tmp_path / "cut/index.offsets").read_bytes() == (tmp_path / "whole/index.offsets").read_bytes()
-    assert (tmp_path / "cut/index.json").read_text() == (tmp_path / "whole/index.json").read_text()
+    for name in INDEX_FILES:
+        assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+INDEX_FILES = ("index.json", "index.offsets", "index.places.json", "index.places", "index.keys")
+
+
+@pytest.mark.timeout(300)
+def test_a_restart_killed_at_random_times_then_resumed_leaves_only_its_own_shards(tmp_path):
+    """A run of 30 shards, then a restart with maxcount 20 (12 shards) killed 3 times (each try a
+    restart again: after a rename, at a random time, before a rename), then resumed, killed
+    twice more (at a random time, after a rename), and finished. oracle: an uninterrupted
+    maxcount-20 run (its shards read with tarfile, its bytes, its index files), and the folder's
+    names: none of the first run's shards past the 12th is left."""
+    started = time.monotonic()
+    assert _conversion(tmp_path / "whole", maxcount=20) == 0
+    seconds = time.monotonic() - started
+    whole = {p.name: p.read_bytes() for p in sorted((tmp_path / "whole").glob("*.tar"))}
+    assert len(whole) == 12
+    assert _conversion(tmp_path / "cut") == 0
+    assert len(list((tmp_path / "cut").glob("*.tar"))) == N // MAXCOUNT
+    rng = random.Random(36)
+    killed = 0
+    for restart, kind in ((True, "after_rename"), (True, "time"), (True, "before_rename"), (False, "time"),
+                          (False, "after_rename")):
+        status = _conversion(tmp_path / "cut", kind, nth=rng.randint(1, 3), maxcount=20, restart=restart,
+                             kill_after=rng.uniform(0.05, seconds * 0.5) if kind == "time" else None)
+        killed += os.WIFSIGNALED(status)
+        for shard in sorted((tmp_path / "cut").glob("*.tar")):  # each a whole shard of the restart's plan, or gone
+            assert shard.read_bytes() == whole.get(shard.name), (restart, shard.name)
+    assert killed >= 3, f"only {killed} of 5 runs were cut before their end"  # the 3 at a rename at least
+    assert _conversion(tmp_path / "cut", maxcount=20) == 0
+    assert {p.name: p.read_bytes() for p in sorted((tmp_path / "cut").glob("*.tar"))} == whole
+    assert {p.name: _members(p) for p in sorted((tmp_path / "cut").glob("*.tar"))} == {
+        p.name: _members(p) for p in sorted((tmp_path / "whole").glob("*.tar"))}
+    assert not list((tmp_path / "cut").glob("*.part"))
+    for name in INDEX_FILES:
+        assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
 
 
 def _decompressed(path: Path) -> bytes:
@@ -198,4 +236,5 @@ def test_a_compressed_run_killed_eight_times_resumes_to_the_uninterrupted_result
     assert {p.name: _members_of(_decompressed(p)) for p in sorted((tmp_path / "cut").glob(f"*{suffix}"))} == whole
     assert {p.name: p.read_bytes() for p in sorted((tmp_path / "cut").glob(f"*{suffix}"))} == whole_bytes
     assert not [p.name for p in (tmp_path / "cut").iterdir() if p.name.endswith((".part", ".z"))]
-    assert (tmp_path / "cut/index.json").read_text() == (tmp_path / "whole/index.json").read_text()
+    assert ({p.name: p.read_bytes() for p in (tmp_path / "cut").glob("index.*") if "progress" not in p.name} ==
+            {p.name: p.read_bytes() for p in (tmp_path / "whole").glob("index.*") if "progress" not in p.name})

@@ -9,6 +9,9 @@ suffix). :mod:`.placed_reads` reads samples by them without parsing a tar header
 Places are only as good as the shard they were taken from. Each shard's size and
 version are recorded beside its places: a local file's modification time, a remote
 object's version as its source gave it (ETag, Last-Modified, the AIS object's version).
+The writer gives each shard a modification time drawn from what it holds, not from the
+clock (:func:`wds_datapipes.writing.shard_file.shard_mtime`), so identical runs record the
+same stamps, and a shard written over or edited since still gets a new one.
 A shard whose size differs is an :class:`IndexMismatchError` (as without places), one
 whose version differs is read through its headers again, with a warning. A remote shard
 is read by its places from its complete copy in the shard cache

@@ -44,7 +44,15 @@ from ..errors import ShardOpenError, ShardWriteError, WdsError
 from ..shards.openers import backend_for, open_source, url_scheme
 from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
 from ..storage.store_calls import StoreFailure, not_found
-from .progress import ProgressLog, WriterSettings, join_index, object_still_there, progress_path
+from .progress import (
+    Plan,
+    ProgressLog,
+    WriterSettings,
+    join_index,
+    object_still_there,
+    progress_path,
+    settle_earlier,
+)
 from .shard_file import ShardResult
 
 Put = Callable[..., "str | None"]
@@ -206,20 +214,28 @@ class RemoteProgress:
         self.prefix = progress_path(index, rank, world)
         self.settings, self.files = settings, files
         self.ended: int | None = None
-        earlier = None if restart else files.read_json(f"{self.prefix}/settings.json")
-        if earlier is None:
+        self.earlier_end: int | None = None  # the plan of the run resumed, where it ended
+        self.earlier_pattern: str | None = None  # a restart: the pattern of the run it replaces
+        earlier = files.read_json(f"{self.prefix}/settings.json")
+        self.resumed = earlier is not None and not restart
+        self.removed: list[str] = []
+        if not self.resumed:
+            self.earlier_pattern = None if earlier is None else earlier.get("pattern")
+            self.removed = settle_earlier(settings.pattern, rank, world, self, restart, files.stores)
             self.run = uuid.uuid4().hex
             files.write(f"{self.prefix}/settings.json",
                         json.dumps({**settings.to_json(), "run": self.run}).encode())
         else:
             self.run = earlier.pop("run")
-            before = WriterSettings.from_json(earlier)
+            before = WriterSettings.from_json(earlier, f"{self.prefix}/settings.json")
             if before != settings:
                 changed = {k: (v, getattr(settings, k)) for k, v in asdict(before).items()
                            if getattr(settings, k) != v}
                 raise ShardWriteError(f"an earlier run with other settings left {self.prefix!r} ({changed}, "
                                       "earlier -> now); run with the same settings to resume, or restart=True "
                                       "(--restart) to start over")
+            end = files.read_json(f"{self.prefix}/end.json")
+            self.earlier_end = end["shards"] if end is not None and end.get("run") == self.run else None
         self.done: dict[int, dict] = _Done(self)
 
     def record_url(self, shard: int) -> str:
@@ -227,10 +243,9 @@ class RemoteProgress:
 
     check_plan = ProgressLog.check_plan
 
-    def record(self, shard: int, planned: int, first: str, last: str, written: int,
-               skipped: list[tuple[str, str]], scan: ShardScan) -> None:
-        entry = {"run": self.run, "shard": shard, "planned": planned, "first": first, "last": last,
-                 "written": written, "skipped": skipped, "scan": scan.to_json()}
+    def record(self, shard: int, plan: Plan, written: int, skipped: list[tuple[str, str]], scan: ShardScan) -> None:
+        entry = {"run": self.run, "shard": shard, **plan.entry(), "written": written, "skipped": skipped,
+                 "scan": scan.to_json()}
         self.files.write(self.record_url(shard), json.dumps(entry).encode())
         dict.__setitem__(self.done, shard, entry)
 
@@ -310,10 +325,10 @@ class Uploads:
             raise ValueError(f"uploads must be >= 1, not {uploads}")
         self.pattern, self.limit, self.tries, self.stores = pattern, uploads, tries, stores
         self.pool = ThreadPoolExecutor(uploads, thread_name_prefix="wds-upload")
-        self.pending: dict[Future, tuple[int, str, str]] = {}
-        self.stored: list[tuple[ShardResult, tuple[int, str, str]]] = []  # finished beside a failure
+        self.pending: dict[Future, Plan] = {}
+        self.stored: list[tuple[ShardResult, Plan]] = []  # finished beside a failure
 
-    def add(self, result: ShardResult, plan: tuple[int, str, str]) -> list[tuple[ShardResult, tuple[int, str, str]]]:
+    def add(self, result: ShardResult, plan: Plan) -> list[tuple[ShardResult, Plan]]:
         """Starts one shard's upload; returns those finished meanwhile (waits while ``uploads`` are under way)."""
         self.pending[self.pool.submit(self._upload, result)] = plan
         finished = []
@@ -321,13 +336,13 @@ class Uploads:
             finished += self._wait()
         return finished
 
-    def drain(self) -> list[tuple[ShardResult, tuple[int, str, str]]]:
+    def drain(self) -> list[tuple[ShardResult, Plan]]:
         finished = []
         while self.pending:
             finished += self._wait()
         return finished
 
-    def _wait(self) -> list[tuple[ShardResult, tuple[int, str, str]]]:
+    def _wait(self) -> list[tuple[ShardResult, Plan]]:
         done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
         finished, failure = [], None
         for future in done:
@@ -341,7 +356,7 @@ class Uploads:
             raise failure
         return finished
 
-    def salvage(self) -> list[tuple[ShardResult, tuple[int, str, str]]]:
+    def salvage(self) -> list[tuple[ShardResult, Plan]]:
         """After a failure: the shards stored all the same (those in flight finish first), to record."""
         wait(self.pending)
         stored, self.stored = self.stored, []

@@ -2,26 +2,45 @@
 
 One JSON-lines file per rank, beside the index (``index.json.rank0-of-1.progress``). Its
 first line is the :class:`WriterSettings`; each further line is one shard published (its
-plan: samples, first and last key; what was written and skipped; its scan with sample
-offsets and member places). A line is appended only after its shard was renamed to its
-final name, so a run killed at any moment leaves every shard of the record complete; a
-shard renamed but not yet recorded is written again, to the same bytes. A last line marks
-the rank's end and how many shards the whole plan has; :func:`join_index` merges the
-ranks' records into the index once every rank has ended, with no read of the shards.
+:class:`Plan`: samples, first and last key, each sample's key and field sizes as the input
+gave them and their digest; what was written and skipped; its scan with sample offsets and
+member places). A line is appended only after its shard was renamed to its final name, so
+a run killed at any moment leaves every shard of the record complete; a shard renamed but
+not yet recorded is written again, to the same bytes. A last line marks the rank's end and
+how many shards the whole plan has; then the record is written again in shard order (the
+same bytes however many workers finished shards in whatever order, and whether the run was
+killed and resumed). :func:`join_index` merges the ranks' records into the index once every
+rank has ended, with no read of the shards.
+
+A resume checks each recorded shard's plan against the input's (:meth:`ProgressLog.check_plan`:
+count, keys, field names and sizes) and, at the end, that the input still fills every shard
+the earlier run wrote (:func:`check_no_more_shards`); either difference is refused, naming
+the shard.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import logging
 import os
+import re
 from dataclasses import asdict, dataclass
+from itertools import chain
+from operator import itemgetter
+from typing import NamedTuple
+
+import numpy as np
 
 from ..epochs.index import ShardIndex, ShardScan, _write_atomically
 from ..errors import ShardWriteError, WdsError
-from ..shards.openers import backend_for, url_scheme
+from ..shards.openers import backend_for, list_urls, url_scheme
 from ..storage.cloud_settings import PipelineStores, with_stores
 
-FORMAT = "wds_datapipes.writer_progress/1"
+logger = logging.getLogger("wds_datapipes")
+
+FORMAT = "wds_datapipes.writer_progress/2"  # /2: each shard's plan holds its samples' keys and sizes
 
 
 @dataclass(frozen=True)
@@ -51,12 +70,84 @@ class WriterSettings:
         return {"format": FORMAT, **asdict(self)}
 
     @classmethod
-    def from_json(cls, entry: dict) -> WriterSettings:
-        """The settings of a record's first line (what :meth:`to_json` gave); raises ValueError for a
-        record of another format."""
-        if entry.get("format") != FORMAT:
-            raise ValueError(f"not a writer progress record of format {FORMAT}: {entry.get('format')!r}")
+    def from_json(cls, entry: dict, where: str = "the progress record") -> WriterSettings:
+        """The settings of a record's first line; raises :class:`ShardWriteError` for a record of
+        another format (an older version's records hold no digest of each shard's samples, so a
+        resume could not check that the input is the same)."""
+        found = entry.get("format")
+        if found != FORMAT:
+            raise ShardWriteError(f"{where} is of format {found!r}, not {FORMAT!r} (written by another "
+                                  "version of wds-datapipes): a resume cannot check it against the input; "
+                                  "restart=True (--restart) writes everything again")
         return cls(**{k: v for k, v in entry.items() if k != "format"})
+
+
+class Plan(NamedTuple):
+    """One shard's planned samples, as the input gave them: count, first and last key, and
+    ``samples`` (for the record: each sample's key, its fields' names, how many, and their
+    sizes before ``map``), with their ``digest``: a resume compares it with the record's."""
+
+    planned: int
+    first: str | None
+    last: str | None
+    digest: str
+    samples: dict
+
+    @classmethod
+    def of(cls, facts: list) -> Plan:
+        """The plan of the samples whose ``(key, [(field, size), ...])`` are ``facts``: taken
+        apart into flat lists and arrays by C loops (no Python work a sample here)."""
+        keys = list(map(itemgetter(0), facts))
+        fields = list(map(itemgetter(1), facts))
+        pairs = list(chain.from_iterable(fields))
+        counts = np.fromiter(map(len, fields), np.int64, len(fields)).astype("<i8")
+        sizes = np.fromiter(map(itemgetter(1), pairs), np.int64, len(pairs)).astype("<i8")
+        names = list(map(itemgetter(0), pairs))
+        digest = hashlib.blake2b(digest_size=16)
+        for part in ("\0".join(keys), "\0".join(names)):
+            digest.update(part.encode("utf-8", "surrogatepass") + b"\1")
+        digest.update(counts.tobytes())
+        digest.update(sizes.tobytes())
+        samples = {"keys": keys, "fields": names, "counts": base64.b64encode(counts.tobytes()).decode(),
+                   "sizes": base64.b64encode(sizes.tobytes()).decode()}
+        return cls(len(keys), keys[0] if keys else None, keys[-1] if keys else None, digest.hexdigest(), samples)
+
+    def entry(self) -> dict:
+        """The plan's part of a shard's record line."""
+        return {"planned": self.planned, "first": self.first, "last": self.last, "digest": self.digest,
+                "samples": self.samples}
+
+
+def _per_sample(samples: dict) -> list[tuple[str, list[tuple[str, int]]]]:
+    """A record's ``samples`` as (key, [(field, size), ...]) per sample."""
+    counts = np.frombuffer(base64.b64decode(samples["counts"]), "<i8").tolist()
+    sizes = np.frombuffer(base64.b64decode(samples["sizes"]), "<i8").tolist()
+    out, at = [], 0
+    for key, count in zip(samples["keys"], counts):
+        out.append((key, list(zip(samples["fields"][at:at + count], sizes[at:at + count]))))
+        at += count
+    return out
+
+
+def plan_difference(entry: dict, plan: Plan) -> str | None:
+    """What differs between a recorded shard's plan (``entry``) and this run's, in words; None where nothing does."""
+    if entry.get("digest") == plan.digest:
+        return None
+    was = _per_sample(entry["samples"]) if isinstance(entry.get("samples"), dict) else []
+    for at, (old, new) in enumerate(zip(was, _per_sample(plan.samples))):
+        if old != new:
+            if old[0] != new[0]:
+                return f"its sample {at} was {old[0]!r}, the input now gives {new[0]!r} there"
+            return (f"its sample {at}, {new[0]!r}, had the fields and sizes {_fields(old[1])}, "
+                    f"the input now gives {_fields(new[1])}")
+    if len(was) != plan.planned:
+        return (f"it held {len(was)} samples ({entry.get('first')!r}..{entry.get('last')!r}), the input now "
+                f"gives it {plan.planned} ({plan.first!r}..{plan.last!r})")
+    return f"its samples' digest was {entry.get('digest')}, the input's is now {plan.digest}"
+
+
+def _fields(sizes: list) -> str:
+    return ", ".join(f"{name} {size} bytes" for name, size in sizes) or "none"
 
 
 def progress_path(index: str, rank: int, world: int) -> str:
@@ -76,14 +167,23 @@ class ProgressLog:
         self.done: dict[int, dict] = {}
         self.scans: dict[int, ShardScan] = {}  # the scans this run recorded, as written
         self.ended: int | None = None
-        if restart or not os.path.exists(path):
+        self.resumed = False  # whether an earlier run's record was read, to go on from
+        self.earlier_end: int | None = None
+        self.earlier_shards: list[str] = []  # a restart: the shards the record it replaces held
+        self.earlier_pattern: str | None = None  # ... and that run's pattern
+        self.texts: dict[int, str] = {}  # each complete shard's record line, as written
+        read = _read(path) if os.path.exists(path) else []
+        lines = [entry for entry, _ in read]
+        self.removed: list[str] = []  # a restart: the earlier run's shards it removed
+        if restart or not lines:
+            if lines:
+                self.earlier_pattern = lines[0].get("pattern")
+                self.earlier_shards = [e["scan"]["url"] for e in lines[1:] if "shard" in e and "scan" in e]
+            self.removed = settle_earlier(settings.pattern, settings.rank, settings.world, self, restart, stores)
             self._start()
             return
-        lines = _lines(path)
-        if not lines:
-            self._start()
-            return
-        earlier = WriterSettings.from_json(lines[0])
+        earlier = WriterSettings.from_json(lines[0], repr(path))
+        self.resumed = True
         if earlier != settings:
             changed = {k: (v, getattr(settings, k)) for k, v in asdict(earlier).items() if getattr(settings, k) != v}
             raise ShardWriteError(f"an earlier run with other settings left {path!r} ({changed}, earlier -> now); "
@@ -93,13 +193,14 @@ class ProgressLog:
         if whole.count(b"\n") != len(lines) or not whole.endswith(b"\n"):
             # a line cut by the interruption: keep the whole lines before it, so that what
             # this run appends is read again (after a cut line nothing would be)
-            _write_atomically(path, "".join(json.dumps(entry) + "\n" for entry in lines).encode())
-        for entry in lines[1:]:
+            _write_atomically(path, "".join(text + "\n" for _, text in read).encode())
+        for entry, text in read[1:]:
             if "shard" in entry:
                 if _still_there(entry, stores):
-                    self.done[entry["shard"]] = entry
+                    self.done[entry["shard"]], self.texts[entry["shard"]] = entry, text
             elif "end" in entry:
                 self.ended = entry["shards"]
+        self.earlier_end = self.ended  # the earlier run's plan, where it ended
         self._out = open(path, "a")  # noqa: SIM115 (held for the run, closed by close())
 
     def _start(self) -> None:
@@ -107,30 +208,32 @@ class ProgressLog:
         _write_atomically(self.path, (json.dumps(self.settings.to_json()) + "\n").encode())
         self._out = open(self.path, "a")  # noqa: SIM115 (held for the run)
 
-    def check_plan(self, shard: int, planned: int, first: str, last: str) -> None:
+    def check_plan(self, shard: int, plan: Plan) -> None:
         """Raises where a complete shard's planned samples differ from this run's plan (the input changed)."""
         entry = self.done[shard]
-        if (entry["planned"], entry["first"], entry["last"]) != (planned, first, last):
-            raise ShardWriteError(
-                f"the input changed since the interrupted run: shard {shard} had {entry['planned']} samples "
-                f"{entry['first']!r}..{entry['last']!r}, the plan now gives {planned} {first!r}..{last!r}; "
-                "restart=True (--restart) writes everything again", shard=entry["scan"]["url"])
+        what = plan_difference(entry, plan)
+        if what is not None:
+            raise ShardWriteError(f"the input changed since the earlier run: shard {shard}: {what}; "
+                                  "restart=True (--restart) writes everything again", shard=entry["scan"]["url"])
 
-    def record(self, shard: int, planned: int, first: str, last: str, written: int,
-               skipped: list[tuple[str, str]], scan: ShardScan) -> None:
-        entry = {"shard": shard, "planned": planned, "first": first, "last": last, "written": written,
-                 "skipped": skipped, "scan": scan.to_json()}
-        self._append(entry)
-        self.done[shard] = entry
-        self.scans[shard] = scan
+    def record(self, shard: int, plan: Plan, written: int, skipped: list[tuple[str, str]], scan: ShardScan) -> None:
+        entry = {"shard": shard, **plan.entry(), "written": written, "skipped": skipped, "scan": scan.to_json()}
+        line = json.dumps(entry)
+        self._append(line)
+        self.done[shard], self.texts[shard], self.scans[shard] = entry, line, scan
 
     def end(self, shards: int) -> None:
-        """Marks this rank complete, in a plan of ``shards`` shards."""
-        self._append({"end": True, "shards": shards})
+        """Marks this rank complete, in a plan of ``shards`` shards; then writes the record again
+        in shard order (the same bytes for any order the shards finished in)."""
+        end = json.dumps({"end": True, "shards": shards})
+        self._append(end)
         self.ended = shards
+        lines = [json.dumps(self.settings.to_json()), *(self.texts[n] for n in sorted(self.done)), end]
+        _write_atomically(self.path, "".join(line + "\n" for line in lines).encode())
 
-    def _append(self, entry: dict) -> None:
-        self._out.write(json.dumps(entry) + "\n")
+    def _append(self, line: str) -> None:
+        """Appends one line (a shard's, or the end) and syncs it."""
+        self._out.write(line + "\n")
         self._out.flush()
         os.fsync(self._out.fileno())
 
@@ -138,12 +241,135 @@ class ProgressLog:
         self._out.close()
 
 
+# ------------------------------------------------------------ what an earlier run left
+
+_FIELD = re.compile(r"%%|%(0?\d*)[di]")
+
+
+def listed_shards(pattern: str, rank: int = 0, world: int = 1, stores: PipelineStores | None = None,
+                  parts: bool = False) -> dict[int, str] | None:
+    """The shards named ``pattern % n`` that are there now (a local folder's files, a bucket's
+    objects as their back end lists them), of rank ``rank``'s numbers (``n % world``): {n: URL}.
+    ``parts``: the local ``.part`` files a kill left instead ({n: path}). None where that
+    cannot be listed: the number is not in the pattern's last part, the back end lists
+    nothing, or the listing failed (a warning says why)."""
+    head, slash, tail = pattern.rpartition("/")
+    fields = [m for m in _FIELD.finditer(tail) if m.group() != "%%"]
+    if len(fields) != 1 or any(m.group() != "%%" for m in _FIELD.finditer(head)):
+        return None
+    before, after = tail[: fields[0].start()].replace("%%", "%"), tail[fields[0].end():].replace("%%", "%")
+    folder = head.replace("%%", "%") if slash else "."
+    if url_scheme(pattern) == "file":
+        try:
+            names = os.listdir(folder or "/")
+        except FileNotFoundError:
+            names = []
+    elif parts:
+        return {}
+    else:
+        spec = with_stores(f"{folder}/{before}*{after}", stores)
+        if backend_for(spec).list is None or any(c in before + after for c in "*?["):
+            return None  # (a glob character in the name would make the listing match other names)
+        try:
+            names = [str.__str__(url).rpartition("/")[2] for url in list_urls(spec)]
+        except (WdsError, OSError) as exn:
+            if getattr(exn, "reason", None) == "no object matches":  # an object store's empty listing
+                return {}
+            logger.warning("%s: cannot list the destination to look for an earlier run's shards (%s)", spec, exn)
+            return None
+    number = re.compile(re.escape(before) + r"(\d+)" + re.escape(after) + (r"\.part(?:\.z)?" if parts else ""))
+    found: dict[int, str] = {}
+    for name in sorted(names):
+        match = number.fullmatch(name)
+        if match is not None and int(match.group(1)) % world == rank:
+            n = int(match.group(1))
+            if name.startswith(tail % n):  # the pattern's own spelling of n (its width), not another's
+                found[n if not parts else len(found)] = pattern % n + name[len(tail % n):]
+    return found
+
+
+def settle_earlier(pattern: str, rank: int, world: int, log, restart: bool,
+                   stores: PipelineStores | None = None) -> list[str]:
+    """Before a run: the shards an earlier run left under ``pattern`` (and under the pattern of
+    the record a restart replaces), of this rank's numbers. A resume keeps them (they are
+    checked as it goes, and at its end by :func:`check_no_more_shards`); a restart removes
+    them from a local folder, with any ``.part`` file a kill left, and returns them, but
+    refuses where they are objects (no back end here deletes objects); a fresh run (no
+    record) refuses them: they would mix with its own."""
+    if log.resumed:
+        return []
+    patterns = [pattern] + ([log.earlier_pattern] if restart and log.earlier_pattern not in (None, pattern) else [])
+    urls: set[str] = set()
+    for each in patterns:
+        listed = listed_shards(each, rank, world, stores)
+        if listed is None:
+            logger.warning("%s: the shards of an earlier run cannot be listed there; a run leaves any of them it "
+                           "does not write over", each)
+        urls.update(listed.values() if listed else ())
+    local = url_scheme(pattern) == "file"
+    urls.update(url for url in getattr(log, "earlier_shards", ()) if local and os.path.exists(url))
+    found = sorted(urls)
+    if not found:
+        return _remove_parts(patterns, rank, world) if restart and local else []
+    named = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    if restart and local:
+        for path in found:
+            os.remove(path)
+        _remove_parts(patterns, rank, world)
+        logger.info("restart: removed %d shards of an earlier run (%s)", len(found), named)
+        return found
+    if restart:
+        raise ShardWriteError(f"a restart cannot remove the {len(found)} shards an earlier run left there ({named}): "
+                              "no back end here deletes objects. Remove them, then run again with restart=True "
+                              "(--restart)", shard=found[0])
+    raise ShardWriteError(f"{len(found)} shards named like this run's are there already ({named}) and no progress "
+                          "record accounts for them: a run would leave those it does not write over beside its own. "
+                          "Remove them, or restart=True (--restart) to replace them", shard=found[0])
+
+
+def _remove_parts(patterns: list[str], rank: int, world: int) -> list[str]:
+    """Removes the ``.part`` files of these local patterns' shards of this rank (a kill's leftovers)."""
+    for each in patterns:
+        for path in (listed_shards(each, rank, world, parts=True) or {}).values():
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+    return []
+
+
+def check_no_more_shards(pattern: str, rank: int, world: int, log, total: int,
+                         stores: PipelineStores | None = None) -> None:
+    """After a resume planned ``total`` shards: raises where the earlier run planned more, or
+    left (recorded or not) a shard of this rank's numbers past ``total``: the input shrank or
+    changed, and those shards hold samples it no longer has."""
+    if not log.resumed:
+        return
+    why = "the input shrank or changed since the earlier run"
+    again = "restart=True (--restart) writes everything again and removes the earlier run's shards"
+    extra = {n: entry["scan"]["url"] for n, entry in dict.items(log.done) if n >= total}
+    extra.update({n: url for n, url in (listed_shards(pattern, rank, world, stores) or {}).items() if n >= total})
+    if extra:
+        first = min(extra)
+        raise ShardWriteError(f"{why}: it now plans {total} shards, but that run wrote shard {first} "
+                              f"({extra[first]}; {len(extra)} such shards), with samples the input no longer has; "
+                              f"{again}", shard=extra[first])
+    if log.earlier_end is not None and log.earlier_end > total:
+        raise ShardWriteError(f"{why}: that run planned {log.earlier_end} shards, the input now {total}; {again}",
+                              shard=pattern % total)
+
+
 def _lines(path: str) -> list[dict]:
+    return [entry for entry, _ in _read(path)]
+
+
+def _read(path: str) -> list[tuple[dict, str]]:
+    """Each whole line of a record, parsed, and its text (up to a line cut by an interruption)."""
     entries = []
     with open(path) as lines:
         for line in lines:
             try:
-                entries.append(json.loads(line))
+                entries.append((json.loads(line), line.rstrip("\n")))
             except ValueError:
                 break  # a line cut by the interruption: what follows it cannot be trusted
     return entries
@@ -213,4 +439,5 @@ def join_index(index: str, world: int, own: ProgressLog | None = None) -> ShardI
     return result
 
 
-__all__ = ["FORMAT", "ProgressLog", "WriterSettings", "join_index", "progress_path"]
+__all__ = ["FORMAT", "Plan", "ProgressLog", "WriterSettings", "check_no_more_shards", "join_index", "listed_shards",
+           "progress_path", "settle_earlier"]

@@ -7,6 +7,16 @@ suffix (:func:`~wds_datapipes.decoding.encoding.encode_value`).
 While members are written, the shard's scan is filled: where each sample starts, and each
 member's data offset and size (its places), so no second read of the shard is needed.
 
+Before its rename, a shard gets a modification time that depends on what it holds, not on
+the clock (:func:`shard_mtime`): the members' ``mtime`` setting plus a fraction of a second
+drawn from its member names, their sizes and the bytes of the values encoded here. The
+index records it as the shard's stamp (:mod:`~wds_datapipes.epochs.places`), so identical
+runs write the same index, and a shard written over or edited since (a new mtime) is still
+told apart. Files copied by the OS (:class:`FileBytes`) are not read by Python, so their
+bytes are not in it: a shard rewritten with the same names and sizes and other file bytes
+keeps its stamp (its places stay right; a copy tool that trusts size and mtime would not
+copy it again).
+
 A sample that fails half-way (an unreadable file, a value with no encoder, a name the
 readers would split into another key) is cut back out of the shard: the shard holds
 whole samples only. Then the handler decides: raise (the ``.part`` file is removed), or
@@ -17,7 +27,10 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 import os
+import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -145,6 +158,7 @@ class _Output:
     files' bytes (read straight into it by the OS) are gathered there and written 1 MB at a time."""
 
     def __init__(self, path: str):
+        self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.buffer = memoryview(bytearray(_BUFFER))
         self.used = 0  # bytes in the buffer, not yet written
@@ -205,11 +219,33 @@ class _Output:
             self.flushed = to
         self.pos = to
 
-    def close(self, fsync: bool) -> None:
+    def close(self, fsync: bool, mtime_ns: int | None = None) -> None:
+        """Writes what is buffered, sets the file's modification time to ``mtime_ns`` (before the
+        sync, so it reaches the disk with it), syncs where asked, closes."""
         self.flush()
+        if mtime_ns is not None:
+            set_mtime(self.fd if os.utime in os.supports_fd else self.path, mtime_ns)
         if fsync:
             os.fsync(self.fd)
         os.close(self.fd)
+
+
+def set_mtime(target: int | str, mtime_ns: int) -> None:
+    """Sets a file's modification time (by fd or path) to ``mtime_ns``; its access time to now
+    (a cleaner of old temporary files that goes by access times leaves it alone)."""
+    os.utime(target, ns=(time.time_ns(), mtime_ns))
+
+
+def shard_mtime(mtime: int, names: list[str], sizes: np.ndarray, values_crc: int) -> int:
+    """A shard's modification time, in ns: the members' ``mtime`` (seconds) plus a fraction of
+    a second from the blake2b digest of its member names, their sizes and ``values_crc`` (a
+    CRC-32 of the values encoded here). Shards of other names, sizes or encoded values get
+    other times; the same shard, written by any run, the same time."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update("\0".join(names).encode("utf-8", "surrogatepass"))
+    digest.update(np.ascontiguousarray(sizes, dtype="<i8").tobytes())
+    digest.update(values_crc.to_bytes(4, "little"))
+    return mtime * 1_000_000_000 + int.from_bytes(digest.digest(), "little") % 1_000_000_000
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -249,7 +285,7 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
     try:
         for sample in samples:
             key = sample.get("__key__")
-            start, kept, last = out.pos, len(members), keys.last
+            start, kept, last, crc = out.pos, len(members), keys.last, keys.crc
             try:
                 _write_sample(out, sample, key, options, map_fn, members, skipped, checked, keys)
                 if len(members) > kept:
@@ -260,16 +296,21 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
                 out.cut_back(start)
                 del members[kept:]
                 del keys.suffixes[kept:]
-                keys.last = last
+                keys.last, keys.crc = last, crc
                 error = exn if isinstance(exn, ShardWriteError) else ShardWriteError(
                     f"{type(exn).__name__}: {exn}", shard=path, key=key if isinstance(key, str) else None,
                     source=source)
                 handler(error)
                 skipped.append((source, error.reason or str(error)))
         out.write(END)
-        out.close(options.fsync and options.compression is None)
+        count = len(members)  # (itemgetter, not zip(*members): no iterator a member for the collector to count)
+        names = list(map(itemgetter(0), members))
+        sizes = np.fromiter(map(itemgetter(2), members), np.int64, count)
+        when = shard_mtime(options.mtime, names, sizes, keys.crc)
+        out.close(options.fsync and options.compression is None, when if options.compression is None else None)
         if options.compression is not None:
             compress_file(part, part + ".z", options.compression, options.fsync)
+            set_mtime(part + ".z", when)  # after its sync: a crash that loses it leaves a shard the record does not match
             os.replace(part + ".z", part)
     except BaseException:
         if out.fd >= 0:
@@ -286,7 +327,7 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
         scan = ShardScan(path, len(starts), stamp[0], None)
     else:
         scan = ShardScan(path, len(starts), stamp[0], np.asarray(starts, dtype=np.int64),
-                         places=_places(path, members, counts, stamp, keys))
+                         places=_places(path, members, names, sizes, counts, stamp, keys))
     return ShardResult(shard, scan, len(starts), skipped, keys.mapped if map_fn is not None else None)
 
 
@@ -297,6 +338,7 @@ class _Keys:
 
     def __init__(self):
         self.plain = True
+        self.crc = 0  # a CRC-32 of the values encoded here, in order (for the shard's time: shard_mtime)
         self.last: object = None  # the key of the last sample written
         self.written: list[str] = []
         self.suffixes: list[str] = []
@@ -307,16 +349,15 @@ class _Keys:
         self.last = key
 
 
-def _places(path: str, members: list[tuple[str, int, int]], counts: list[int], stamp: tuple[int, int],
-            keys: _Keys) -> ShardPlaces:
+def _places(path: str, members: list[tuple[str, int, int]], names: list[str], sizes: np.ndarray,
+            counts: list[int], stamp: tuple[int, int], keys: _Keys) -> ShardPlaces:
     """The shard's member places, as :func:`places_of_members` takes them from its members; built
-    straight from the members where their names were checked and keys change from sample to
-    sample (the same places: every name splits into its sample's key and a suffix of its own)."""
+    straight from the members (their ``names`` and ``sizes`` taken out already) where their names
+    were checked and keys change from sample to sample (the same places: every name splits into
+    its sample's key and a suffix of its own)."""
     if not keys.plain:
         return places_of_members(path, members, stamp)
-    count = len(members)  # (itemgetter, not zip(*members): no iterator a member for the collector to count)
-    return ShardPlaces(list(map(itemgetter(0), members)), np.fromiter(map(itemgetter(1), members), np.int64, count),
-                       np.fromiter(map(itemgetter(2), members), np.int64, count),
+    return ShardPlaces(names, np.fromiter(map(itemgetter(1), members), np.int64, len(members)), sizes,
                        np.repeat(np.arange(len(counts), dtype=np.int64), counts), *stamp,
                        keys=keys.written, suffixes=keys.suffixes)
 
@@ -348,6 +389,7 @@ def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, 
             at, size = out.copy_file(name, value.path, options)
         else:
             data = encode_value(suffix, value, allow_pickle=options.allow_pickle)
+            keys.crc = zlib.crc32(data, keys.crc)
             size = len(data)
             header = member_header(name, size, mtime=mtime, mode=mode)
             at = out.pos + len(header)

@@ -34,7 +34,7 @@ from ..storage.cloud_settings import PipelineStores, StoreArg
 from . import destination as dest
 from .compress import check_compression, compression_of
 from .plan import Counted, ShardPlanner, row_shard, sample_cost, writes_shard
-from .progress import ProgressLog, WriterSettings, join_index, progress_path
+from .progress import Plan, ProgressLog, WriterSettings, check_no_more_shards, join_index, progress_path
 from .shard_file import PROBLEMS, FileBytes, MemberOptions, ShardResult, check_fields, write_shard
 
 logger = logging.getLogger("wds_datapipes")
@@ -56,6 +56,7 @@ class WriteReport:
     bytes: int = 0
     seconds: float = 0.0
     index: ShardIndex | None = None  # the joined index (None for a rank that did not join)
+    removed: list[str] = field(default_factory=list)  # a restart: the earlier run's shards it removed
 
     def summary(self) -> str:
         """A few lines for people: counts, rate, and every skipped input with its reason."""
@@ -65,6 +66,9 @@ class WriteReport:
                   f"in {self.seconds:.1f} s, {self.written / seconds:.0f} samples/s, "
                   f"{self.bytes / seconds / 1e6:.1f} MB/s")]
         lines += [f"  skipped {source}: {why}" for source, why in self.skipped]
+        if self.removed:
+            lines.append(f"removed {len(self.removed)} shards of an earlier run (restart): "
+                         + ", ".join(self.removed[:5]) + (" ..." if len(self.removed) > 5 else ""))
         return "\n".join(lines)
 
 
@@ -103,7 +107,11 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
         mtime, mode: the members' header fields (deterministic defaults).
         fsync: sync each shard to disk before its rename (a machine that goes down then
             never leaves a renamed shard with missing bytes).
-        restart: ignore an interrupted run's progress and write everything again.
+        restart: start over: ignore an earlier run's progress, remove its shards (those named
+            like ``pattern % n`` of this rank, and those its record names; at a remote
+            destination, where nothing is deleted, refused while they are there), write
+            everything again. Without it, a run beside shards no record accounts for is
+            refused, and a resume checks the input against each recorded shard's samples.
         join: write the index when this rank is done; default: when ``world == 1``.
         progress: called with (samples, bytes) after each shard.
         compression: ``"gzip"``, ``"bzip2"``, ``"xz"`` or ``"zstd"``; default: what the
@@ -146,7 +154,7 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
             log = ProgressLog(progress_path(index, rank, world), settings, restart, stores)
         options = MemberOptions(mtime, mode, allow_pickle, fsync and not remote, compression)
         local = os.path.join(folder, posixpath.basename(pattern)) if remote else pattern
-        report = WriteReport()
+        report = WriteReport(removed=log.removed)
         publish = dest.Uploads(pattern, uploads, tries, stores) if remote else None
         try:
             with _Shards(workers, options, handler, map, local, publish) as pool:
@@ -157,8 +165,9 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
                 except BaseException:
                     for result, plan in publish.salvage() if publish is not None else ():
                         with contextlib.suppress(Exception):  # kept for the resume; the first error is raised
-                            log.record(result.shard, *plan, result.written, result.skipped, result.scan)
+                            log.record(result.shard, plan, result.written, result.skipped, result.scan)
                     raise
+            check_no_more_shards(pattern, rank, world, log, total, stores)
             log.end(total)
         finally:
             log.close()
@@ -192,6 +201,7 @@ def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[st
     planned by place (:func:`~.plan.row_shard`): it reads only the row groups of this
     rank's shards, the others' rows counted from its footers."""
     current: list[dict | None] = []
+    facts: list[tuple[str, list]] = []  # (key, [(field, size), ...]) of each of this rank's samples in the shard
     shard = -1
     skips: list[tuple[int, str, str]] = []  # (shard being filled, input, why)
     by_place = settings.maxsize is None and callable(getattr(samples, "for_rank", None))
@@ -206,12 +216,12 @@ def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[st
         planner = ShardPlanner(settings.maxcount, settings.maxsize)
         checked = _checked(samples, require, handler, skips, lambda: max(shard, 0), max_field_bytes)
     mine = False
-    for row, (item, cost) in enumerate(checked):
+    for row, (item, cost, sizes) in enumerate(checked):
         number = row_shard(row, settings.maxcount) if planner is None else planner.shard_of(cost)
         if number != shard:
             if shard >= 0:
-                _dispatch(shard, current, settings, log, pool, report, progress)
-            shard, current = number, []
+                _dispatch(shard, current, facts, settings, log, pool, report, progress)
+            shard, current, facts = number, [], []
             mine = writes_shard(number, settings.rank, settings.world)
         if isinstance(item, _Skipped):  # by place: its place stays empty
             if mine:
@@ -222,10 +232,13 @@ def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[st
                 raise ShardWriteError(f"input {item.key!r} of shard {number} was not read by rank {settings.rank}, "
                                       "which writes it (the row source and the plan disagree)", key=item.key)
             current.append(None)
+        elif mine:
+            current.append(item)
+            facts.append((item["__key__"], sizes))  # type: ignore[index]
         else:
-            current.append(item if mine else None)  # another rank's: only counted
+            current.append(None)  # another rank's: only counted
     if shard >= 0:
-        _dispatch(shard, current, settings, log, pool, report, progress)
+        _dispatch(shard, current, facts, settings, log, pool, report, progress)
     for number, source, why in skips:
         if writes_shard(number, settings.rank, settings.world):
             report.read += 1
@@ -235,8 +248,9 @@ def _run(samples: Iterable[dict], settings: WriterSettings, require: Sequence[st
 
 def _checked(samples: Iterable, require: Sequence[str], handler: Handler,
              skips: list[tuple[int, str, str]], filling: Callable[[], int],
-             max_field_bytes: int | None = None, by_place: bool = False) -> Iterator[tuple[object, int]]:
-    """(sample, planned bytes) of each input that passes the checks; the others go to the handler.
+             max_field_bytes: int | None = None, by_place: bool = False) -> Iterator[tuple[object, int, list | None]]:
+    """(sample, planned bytes, its (field, size) pairs) of each input that passes the checks;
+    the others go to the handler.
     ``by_place``: a refused input yields a :class:`_Skipped` (it keeps its place), a
     :class:`~.plan.Counted` passes unchecked, and every input's key counts as seen, even a
     refused one's (so each rank, seeing every key, refuses the same repeats)."""
@@ -245,7 +259,7 @@ def _checked(samples: Iterable, require: Sequence[str], handler: Handler,
         if isinstance(sample, Counted):
             if isinstance(sample.key, str):
                 seen.add(sample.key)
-            yield sample, 0
+            yield sample, 0, None
             continue
         key = sample.get("__key__")
         try:
@@ -276,12 +290,12 @@ def _checked(samples: Iterable, require: Sequence[str], handler: Handler,
             if by_place:
                 if isinstance(key, str):
                     seen.add(key)
-                yield _Skipped(source, error.reason or str(error)), 0
+                yield _Skipped(source, error.reason or str(error)), 0, None
             else:
                 skips.append((filling(), source, error.reason or str(error)))
             continue
         seen.add(key)
-        yield sample, cost
+        yield sample, cost, sizes
 
 
 def _size(value: object) -> int:
@@ -305,14 +319,14 @@ def _size(value: object) -> int:
     return int(getattr(value, "nbytes", 64))
 
 
-def _dispatch(shard: int, samples: list[dict | None], settings: WriterSettings, log: ProgressLog, pool: _Shards,
-              report: WriteReport, progress) -> None:
+def _dispatch(shard: int, samples: list[dict | None], facts: list, settings: WriterSettings, log: ProgressLog,
+              pool: _Shards, report: WriteReport, progress) -> None:
     """Writes (or hands on) one planned shard of this rank; another rank's is passed by."""
     if not writes_shard(shard, settings.rank, settings.world):
         return
-    plan = (len(samples), samples[0]["__key__"] if samples else None, samples[-1]["__key__"] if samples else None)
+    plan = Plan.of(facts)
     if shard in log.done:
-        log.check_plan(shard, *plan)
+        log.check_plan(shard, plan)
         entry = log.done[shard]
         report.read += entry["planned"]
         report.written += entry["written"]
@@ -327,21 +341,20 @@ def _dispatch(shard: int, samples: list[dict | None], settings: WriterSettings, 
         _record(log, report, result, done_plan, progress)
 
 
-def _record(log: ProgressLog, report: WriteReport, result: ShardResult, plan: tuple[int, str, str],
-            progress) -> None:
-    log.record(result.shard, *plan, result.written, result.skipped, result.scan)
-    report.read += plan[0]
+def _record(log: ProgressLog, report: WriteReport, result: ShardResult, plan: Plan, progress) -> None:
+    log.record(result.shard, plan, result.written, result.skipped, result.scan)
+    report.read += plan.planned
     report.written += result.written
     report.skipped += result.skipped
     report.shards += 1
     report.bytes += result.scan.filesize or 0
     if progress is not None:
-        progress(plan[0], result.scan.filesize or 0)
+        progress(plan.planned, result.scan.filesize or 0)
 
 
 # ------------------------------------------------------------ the workers
 
-Finished = tuple[ShardResult, tuple[int, str, str]]  # a shard done, and its plan
+Finished = tuple[ShardResult, Plan]  # a shard done, and its plan
 
 _worker: dict = {}
 
@@ -365,7 +378,7 @@ class _Shards:
             raise ValueError(f"workers must be >= 1, not {workers}")
         self.workers, self.options, self.handler, self.map_fn = workers, options, handler, map_fn
         self.pattern, self.publish = pattern, publish
-        self.plans: dict[int, tuple[int, str, str]] = {}
+        self.plans: dict[int, Plan] = {}
         self.mapped: dict[str, tuple[int, str]] = {}  # with a map: each key it gave, its shard and input
         self.pending: set[Future] = set()
         self.pool: ProcessPoolExecutor | None = None
@@ -378,7 +391,7 @@ class _Shards:
                                             initargs=(self.options, self.handler, self.map_fn))
         return self
 
-    def submit(self, shard: int, samples: list[dict], plan: tuple[int, str, str]) -> list[Finished]:
+    def submit(self, shard: int, samples: list[dict], plan: Plan) -> list[Finished]:
         """Hands on one shard; returns the shards finished meanwhile, with their plans."""
         self.plans[shard] = plan
         path = self.pattern % shard
