@@ -137,3 +137,15 @@ def test_watch_under_torchdata_nodes(tmp_path, stats_on):
     batches = list(wd.stats.watch(loader))
     s = wd.stats.snapshot()
     assert s.stages["tar"].items == len(_keys(batches)) == 48 and s.wait.steps + s.wait.starts == len(batches)
+
+
+def test_a_sources_secrets_are_never_recorded(stats_on):
+    """A source named by a URL with a password or a presigned signature is recorded (and so
+    published, reported and observed) with them redacted, as our errors show URLs (oracle:
+    ``wds_datapipes.errors.redact``'s rule: the secret's text appears nowhere)."""
+    from wds_datapipes.stats.probe import probe
+
+    thread = probe(stats_on)
+    thread.target("open", "https", "https://user:hunter2@example.com/a.tar?X-Amz-Signature=f00dfeed")
+    text = repr(wd.stats.snapshot().sources)
+    assert "hunter2" not in text and "f00dfeed" not in text and "example.com/a.tar" in text

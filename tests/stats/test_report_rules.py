@@ -7,15 +7,18 @@ import pytest
 
 from wds_datapipes.stats import (
     ALL_STAGES,
+    STAGES,
     RanksStats,
     RankStats,
     Snapshot,
     SourceStats,
     StageStats,
     WaitStats,
+    build,
     diagnose,
     report,
 )
+from wds_datapipes.stats.tallies import SourceTally, StageTally
 
 
 def _snapshot(seconds: dict[str, float], *, wait: WaitStats | None = None, sources=(), schemes=("file",),
@@ -96,3 +99,33 @@ def test_since_subtracts_counts_and_keeps_settings():
     assert delta.stages["decode"].seconds == pytest.approx(3.0)
     assert (delta.wait.steps, delta.wait.blocked_seconds, delta.wait.step_seconds) == pytest.approx((20, 0.5, 6.0))
     assert delta.wait.longest_seconds == 0.7 and delta.wait.ready_s == late.wait.ready_s
+
+
+def _record(pid: int, worker: int, *, main: bool = False, wall_s: float = 10.0, decode_ns: int = 0,
+            sampled: tuple[int, int, int] = (0, 0, 0), threads: int = 0, mix: int = 0) -> dict:
+    stage = dict.fromkeys(StageTally.FIELDS, 0)
+    rows = {name: [0] * len(StageTally.FIELDS) for name in STAGES}
+    stage.update(exact_ns=decode_ns, calls=sampled[0], timed=sampled[1], ns=sampled[2], threads=threads, items=5)
+    rows["decode"] = [stage[f] for f in StageTally.FIELDS]
+    source = [1] * len(SourceTally.FIELDS)
+    return {"v": 1, "pid": pid, "token": "t", "main": main, "rank": 0, "world": 1, "worker": worker, "workers": 2,
+            "wall_ns": int(wall_s * 1e9), "other_ns": 0, "pulls": 0, "stages": rows, "sources": {"web": source},
+            "schemes": {"file": source}, "mixtures": [["RandomMix", 0, "web", mix, 0.25]],
+            "counters": {"cache": {"hits": 2}}}
+
+
+def test_build_sums_the_processes_records():
+    """Oracle: the arithmetic by hand. A worker started again (a new process) adds to its worker;
+    a stage's sampled time scales by calls/timed; the largest thread pool is kept; the training
+    process's own rest of the wall clock is no hand-over."""
+    records = [_record(1, 0, decode_ns=2_000_000_000, threads=2, mix=3),
+               _record(2, 0, sampled=(100, 10, 300_000_000), threads=4, mix=1),
+               _record(3, 1, decode_ns=1_000_000_000),
+               _record(4, -1, main=True, decode_ns=1_000_000_000, wall_s=50.0)]
+    s = build(records, cpus=4)
+    assert s.processes == 4 and s.stages["decode"].seconds == pytest.approx(2 + 3 + 1 + 1)
+    assert (s.stages["decode"].items, s.stages["decode"].threads) == (20, 4)
+    assert [(w.worker, w.processes) for w in s.workers] == [(-1, 1), (0, 2), (1, 1)]
+    assert s.stages["handover"].seconds == pytest.approx((10 - 2) + (10 - 3) + (10 - 1))  # not the main's 49
+    assert s.sources["web"].samples == 4 and s.cache == {"hits": 8}
+    assert s.mixtures[0].samples == 4 and s.mixtures[0].realized == 1.0

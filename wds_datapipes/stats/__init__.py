@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 
 from .ranks import gather_ranks, rank_stats
-from .recorder import read_records, register_counters
+from .recorder import read_records, recorder_for, register_counters
 from .report import Diagnosis, diagnose
 from .report import report as _report_text
 from .settings import StatsSettings, current_settings, disable, enable, enabled
@@ -51,8 +51,6 @@ def snapshot() -> Snapshot:
     settings = current_settings()
     if settings is None:
         return Snapshot()
-    from .recorder import recorder_for
-
     recorder = recorder_for(settings)
     ranks = recorder.ranks if recorder is not None else None
     return build(read_records(settings), enabled=True, cpus=_cpus(), ranks=ranks)
@@ -84,12 +82,14 @@ __all__ = [
     "StatsSettings",
     "WaitStats",
     "WorkerStats",
+    "build",
     "diagnose",
     "disable",
     "enable",
     "enabled",
     "gather_ranks",
     "rank_stats",
+    "read_records",
     "register_counters",
     "report",
     "snapshot",

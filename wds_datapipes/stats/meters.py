@@ -216,18 +216,7 @@ class TimedStream:
         return n
 
     def read(self, size: int = -1) -> bytes:
-        probe, target = self._probe, self._target
-        probe.io = target
-        t0 = _now()
-        try:
-            data = self._raw.read(size)
-        except BaseException:
-            target.error()
-            raise
-        t1 = _now()
-        target.read(len(data), t1 - t0)
-        probe.claim("read", target.label, t0, t1)
-        return data
+        return self._probe.read_call(self._target, self._raw.read, size)
 
     def close(self) -> None:
         """Closes the stream; what the shard cache read from its disk meanwhile counts for the source."""

@@ -58,6 +58,7 @@ class Recorder:
         self.schemes: dict[str, SourceTally] = {}
         self.mixtures: dict[tuple[str, int], MixTally] = {}
         self.samplers: list = []  # the threads' shared samplers: their current gaps count too
+        self._shown: dict[str, str] = {}  # source labels, their secrets redacted
         self.started_ns = self.last_ns = _now()
         self.other_ns = 0  # time upstream of our batching pipes that no stage of ours accounts for
         self.pulls = 0
@@ -87,19 +88,30 @@ class Recorder:
 
     # ------------------------------------------------------------ keys
 
+    def shown(self, label: str) -> str:
+        """``label`` as records, reports and observers show it: a URL's secrets (a password, a
+        presigned URL's signature) redacted as our errors redact them (asked once per label)."""
+        found = self._shown.get(label)
+        if found is None:
+            from ..errors import redact
+
+            found = self._shown[label] = redact(label)
+        return found
+
     def source(self, label: str) -> SourceTally:
-        tally = self.sources.get(label)
-        if tally is None:
-            with self.lock:
-                tally = self.sources.setdefault(label, SourceTally())
-        return tally
+        """The tally of the source shown as ``label`` (see :meth:`shown`)."""
+        return self._tally(self.sources, label)
 
     def scheme(self, name: str) -> SourceTally:
-        tally = self.schemes.get(name)
-        if tally is None:
-            with self.lock:
-                tally = self.schemes.setdefault(name, SourceTally())
-        return tally
+        """The tally of the URL scheme ``name``."""
+        return self._tally(self.schemes, name)
+
+    def _tally(self, tallies: dict[str, SourceTally], key: str) -> SourceTally:
+        found = tallies.get(key)
+        if found is None:
+            with self.lock:  # a key added while the publisher reads the dict whole
+                found = tallies.setdefault(key, SourceTally())
+        return found
 
     def mixture(self, mixer: str, epoch: int, names: tuple[str, ...], targets: tuple[float, ...]) -> MixTally:
         key = (mixer, epoch)

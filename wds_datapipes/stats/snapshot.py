@@ -29,8 +29,9 @@ class StageStats:
     items: samples), ``batch`` (batching and collation; items: batches). Two are derived from
     each process's wall clock: ``other`` (time a batching pipe of ours waited on its source
     that no stage of ours accounts for: your ``.map``, torch's pipes) and ``handover`` (the
-    rest: after our last pipe, handing batches to the trainer (torch's collate, its queues),
-    waiting for the trainer to ask, and code after our pipes).
+    rest of a loader worker's time: after our last pipe, handing batches to the trainer
+    (torch's collate, its queues), waiting for the trainer to ask, and code after our pipes;
+    none in the training process itself, whose rest is its training loop).
 
     Attributes:
         seconds: the stage's time: what was timed whole (reads, openings, batches), and for
@@ -300,13 +301,15 @@ def build(records: list[dict], enabled: bool = True, cpus: int = 1, ranks: Ranks
 
 
 def _process_seconds(record: dict) -> dict[str, float]:
-    """Each stage's seconds in one process, ``other`` and ``handover`` from its wall clock."""
+    """Each stage's seconds in one process, ``other`` and ``handover`` from its wall clock. In
+    the training process itself (pipes read without loader workers, or in a thread of it) the
+    rest of the wall clock is the training loop's own, not a hand-over: it counts nowhere."""
     out = {}
     for name, row in record["stages"].items():
         out[name] = _estimate(row) * _NS
     out["other"] = max(0, record["other_ns"]) * _NS
     busy = sum(out.values())
-    out["handover"] = max(0.0, record["wall_ns"] * _NS - busy) if busy else 0.0
+    out["handover"] = max(0.0, record["wall_ns"] * _NS - busy) if busy and not record.get("main") else 0.0
     return out
 
 
