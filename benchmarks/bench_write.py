@@ -21,9 +21,12 @@ move the ratio (measured in one hour: 1.67 at 400 images, rounds 1.32-1.97; 1.91
 rounds 1.84-2.00).
 
 The paths alternate within each round (a change of the machine's load hits every row).
-The index's cost is also taken from ``--index-pairs`` back-to-back runs of ours with and
-without it after each round (the median of each pair's ratio): two single runs a round
-differ by more than the index costs (paired runs of the same code moved -11% to +20%).
+The index's cost is taken three ways: the rounds' runs of ours with and without it;
+``--index-pairs`` back-to-back runs of the two after each round (the median of each pair's
+ratio), since two single runs a round differ by more than the index costs (paired runs of
+the same code moved -11% to +20%); and its own CPU time inside the runs with it (the
+places, each shard's progress record, the join into the index file; garbage collections
+that start inside those functions counted apart), which moves least with the machine.
 No run fsyncs (``cp`` does not); after each run, untimed, its output is
 removed and ``sync`` waits for the disk, so no run is throttled by the writeback of the one
 before it. Timings on a shared machine move with its load: compare

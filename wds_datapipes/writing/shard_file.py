@@ -49,8 +49,8 @@ from .compress import compress_file
 
 # The write buffer: members are gathered and written 1 MB at a time. Measured on 4,000 files of
 # 50-150 KB into an ext4 page cache: 57-65 us of system time a file, against 75-91 us for a
-# copy_file_range (or a read and a write) a file; 8 MB files 4.4 ms against 5.9 (docs/writing.md,
-# "Fewer, larger writes").
+# copy_file_range (or a read and a write) a file; 8 MB files 4.4 ms against 5.9
+# (benchmarks/results/bench_write-fewer-writes-2026-11-27.md).
 _BUFFER = 1 << 20
 
 PROBLEMS = "__problems__"  # an input reader's reasons why a sample cannot be written
