@@ -63,10 +63,12 @@ def test_a_seeded_shuffle_works_over_folders_imagefolder_trees_and_manifests(tmp
     """oracles: the unshuffled conversion read by tarfile (the same samples, whole); a second run with
     the same seed (the same bytes); another seed (another order); the bad input listed either way."""
     source = tmp_path / "in"
-    if layout == "folder":
+    if layout == "folder":  # a bad input in each: a link to nothing, a missing file (listed, shuffled or not)
         _pets(source)
+        os.symlink(tmp_path / "gone.jpg", source / "images/missing.png")
     elif layout == "imagefolder":
         _tree(source)
+        os.symlink(tmp_path / "gone.png", source / "cat/missing.png")
     else:
         source = _manifest(source)
     runs = {}
@@ -76,7 +78,7 @@ def test_a_seeded_shuffle_works_over_folders_imagefolder_trees_and_manifests(tmp
                      "--maxcount", "8", "--skip-bad", *COMMON, *extra])
         assert code == 0
         err = capsys.readouterr().err
-        assert ("skipped 1" in err and "missing.png" in err) if layout == "manifest" else "skipped 0" in err
+        assert "skipped 1" in err and "missing.png" in err
         runs[name] = _samples(tmp_path / name)
     keys = {name: [k for k, _ in samples] for name, samples in runs.items()}
     assert len(keys["plain"]) == 30 and keys["plain"] == sorted(keys["plain"])
@@ -147,4 +149,57 @@ def test_an_imagefolder_tree_takes_only_what_torchvision_takes_and_lists_the_res
     assert got == want and len(got) == 2 * len(folder.IMG_EXTENSIONS)
     left = {line.split("left out ", 1)[1] for line in err.splitlines() if line.startswith("  left out ")}
     assert left == {str(p) for p in files} - {path for path, _ in theirs.samples}
-    assert f"left out {len(left)} file(s) that are not images" in err
+    assert f"left out {len(left)} file(s) or folder(s): hidden, beside the class folders, or not images" in err
+
+
+def test_hidden_files_and_folders_of_an_imagefolder_tree_are_left_out_and_listed(tmp_path, capsys):
+    """``.ipynb_checkpoints`` (torchvision would make it class 0), ``.DS_Store``, ``.x.jpg``: not
+    taken, each listed (a hidden folder once, not its files). Oracle: torchvision's ImageFolder
+    over a copy of the tree without hidden names (its samples and class numbers)."""
+    folder = pytest.importorskip("torchvision.datasets.folder")
+    root = tmp_path / "tree"
+    for cls in ("ant", "bee"):
+        (root / cls).mkdir(parents=True)
+        (root / cls / f"{cls}.jpg").write_bytes(cls.encode())
+    hidden = [root / ".ipynb_checkpoints", root / "ant/.DS_Store", root / "bee/.x.jpg"]
+    hidden[0].mkdir()
+    (hidden[0] / "old.jpg").write_bytes(b"old")
+    hidden[1].write_bytes(b"finder")
+    hidden[2].write_bytes(b"hidden image")
+    assert main(["create", str(root), "-o", str(tmp_path / "out/s-%02d.tar"), "--layout", "imagefolder",
+                 *COMMON]) == 0
+    err = capsys.readouterr().err
+    shutil.copytree(root, tmp_path / "plain", ignore=shutil.ignore_patterns(".*"))
+    theirs = folder.ImageFolder(str(tmp_path / "plain"), loader=lambda path: path)
+    want = {os.path.relpath(path, tmp_path / "plain").rsplit(".", 1)[0]: (target, Path(path).read_bytes())
+            for path, target in theirs.samples}
+    got = {key: (int(fields["cls"]), fields["jpg"]) for key, fields in _samples(tmp_path / "out")}
+    assert got == want == {"ant/ant": (0, b"ant"), "bee/bee": (1, b"bee")}
+    left = {line.split("left out ", 1)[1] for line in err.splitlines() if line.startswith("  left out ")}
+    assert left == {str(p) for p in hidden} and "left out 3 file(s) or folder(s): hidden" in err
+
+
+def test_a_manifest_that_is_not_utf8_is_refused_naming_its_line_and_a_byte_order_mark_is_read(tmp_path, capsys):
+    """A Latin-1 CSV stops before anything is written, naming the file and line; a JSONL line
+    that is not UTF-8 is a bad input of its own (listed with --skip-bad); Excel's UTF-8 CSV
+    and a JSONL starting with a byte order mark read as without it. Oracle: tarfile's keys."""
+    (tmp_path / "a.txt").write_bytes(b"a")
+    cases = {"latin.csv": b"key,txt_path\nok,a.txt\ncaf\xe9,a.txt\n",
+             "latin.jsonl": b'{"key": "ok", "txt_path": "a.txt"}\n{"key": "caf\xe9", "txt_path": "a.txt"}\n',
+             "bom.csv": b"\xef\xbb\xbfkey,txt_path\nok,a.txt\n",
+             "bom.jsonl": b'\xef\xbb\xbf{"key": "ok", "txt_path": "a.txt"}\n'}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+    out = tmp_path / "out"
+    assert main(["create", str(tmp_path / "latin.csv"), "-o", str(out / "csv/s-%02d.tar"), *COMMON]) == 1
+    err = capsys.readouterr().err
+    assert "latin.csv:3': the manifest is not UTF-8 text: line 3 has the byte 0xe9" in err
+    assert not list((out / "csv").glob("*.tar"))
+    assert main(["create", str(tmp_path / "latin.jsonl"), "-o", str(out / "jsonl/s-%02d.tar"), "--skip-bad",
+                 *COMMON]) == 0
+    err = capsys.readouterr().err
+    assert "wrote 1, skipped 1" in err and "latin.jsonl:2: not UTF-8 text: the byte 0xe9" in err
+    assert [k for k, _ in _samples(out / "jsonl")] == ["ok"]
+    for name in ("bom.csv", "bom.jsonl"):
+        assert main(["create", str(tmp_path / name), "-o", str(out / name / "s-%02d.tar"), *COMMON]) == 0
+        assert [k for k, _ in _samples(out / name)] == ["ok"]

@@ -194,3 +194,66 @@ def test_a_link_loop_in_a_folder_is_reported_not_followed_forever(tmp_path, caps
     assert _create(root, tmp_path / "out", "--layout", "folder", "--skip-bad") == 0
     err = capsys.readouterr().err
     assert "wrote 1, skipped 1" in err and "(a loop)" in err and str(root / "sub/up") in err
+
+
+@pytest.mark.parametrize("extra", [[], ["--extensions", "txt"]])
+def test_a_dangling_link_that_may_have_been_a_folder_is_reported_whatever_its_name(tmp_path, capsys, extra):
+    """An unmounted images folder (``images -> /mnt/gone``, no dot: no suffix to go by) is a bad
+    input in the folder layout, not a name left out; oracle: the link's path in the error and
+    in the report, the labels' bytes read back by tarfile."""
+    root = tmp_path / "tree"
+    (root / "labels").mkdir(parents=True)
+    (root / "labels/p1.txt").write_bytes(b"label 1")
+    os.symlink(tmp_path / "gone", root / "images")
+    assert _create(root, tmp_path / "a", "--layout", "folder", *extra) == 1
+    err = capsys.readouterr().err
+    assert str(root / "images") in err and "does not exist (a dangling link)" in err
+    assert _create(root, tmp_path / "b", "--layout", "folder", "--skip-bad", *extra) == 0
+    err = capsys.readouterr().err
+    assert "wrote 1, skipped 1" in err and f"skipped {root / 'images'}" in err
+    assert _members(tmp_path / "b") == {"p1.txt": b"label 1"}
+
+
+def test_a_dangling_class_folder_link_is_a_bad_input_that_keeps_its_class_number(tmp_path, capsys):
+    """ImageFolder: ``dog -> /mnt/gone`` beside ``cat`` and ``eel`` is reported (not listed as
+    "not an image"), and skipping it leaves ``eel`` class 2, as with the folder there; a
+    folder-like dangling link inside a class is reported too, a dangling ``notes.txt`` is
+    left out like any text file. Oracle: tarfile's members and the report's lines."""
+    root = tmp_path / "tree"
+    for cls in ("cat", "eel"):
+        (root / cls).mkdir(parents=True)
+        (root / cls / "a.jpg").write_bytes(cls.encode())
+    os.symlink(tmp_path / "gone-dog", root / "dog")
+    os.symlink(tmp_path / "gone-more", root / "cat/more")
+    os.symlink(tmp_path / "gone.txt", root / "cat/notes.txt")
+    assert _create(root, tmp_path / "a", "--layout", "imagefolder") == 1
+    assert str(root / "cat/more") in capsys.readouterr().err
+    assert _create(root, tmp_path / "b", "--layout", "imagefolder", "--skip-bad") == 0
+    err = capsys.readouterr().err
+    assert "wrote 2, skipped 2" in err
+    assert f"skipped {root / 'dog'}" in err and f"skipped {root / 'cat/more'}" in err
+    assert f"  left out {root / 'cat/notes.txt'}" in err.splitlines()
+    assert _members(tmp_path / "b") == {"cat/a.jpg": b"cat", "cat/a.cls": b"0", "eel/a.jpg": b"eel",
+                                        "eel/a.cls": b"2"}
+
+
+@pytest.mark.parametrize("layout", ["folder", "imagefolder"])
+def test_links_that_lead_round_a_loop_are_bad_inputs_not_a_crash(tmp_path, capsys, layout):
+    """``a.jpg -> b.jpg -> a.jpg`` (the stat of either fails with ELOOP), in a class folder and
+    at the top of the tree; oracle: both links named in the report, the good image read back."""
+    root = tmp_path / "tree"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat/ok.jpg").write_bytes(b"fine")
+    for folder in (root / "cat", root):
+        os.symlink("b.jpg", folder / "a.jpg")
+        os.symlink("a.jpg", folder / "b.jpg")
+    os.symlink("loop", root / "loop")  # a class folder's name, round a loop
+    assert _create(root, tmp_path / "out", "--layout", layout, "--skip-bad") == 0
+    err = capsys.readouterr().err
+    looped = [root / "cat/a.jpg", root / "cat/b.jpg", root / "loop"]
+    if layout == "folder":  # the folder layout groups by basename: a.jpg and cat/a.jpg are one sample's files
+        looped += [root / "a.jpg", root / "b.jpg"]
+    for link in looped:
+        assert f"{link}: a symbolic link to " in err
+    assert err.count("(a link loop)") == len(looped)
+    assert _images(tmp_path / "out") == [b"fine"]

@@ -134,8 +134,19 @@ def _samples(args: argparse.Namespace, layout: str, store=None,
     return iter(listed), len(listed)
 
 
+def _buckets(args: argparse.Namespace, layout: str) -> int:
+    """How many buckets a shuffle takes so that one holds about ``--shuffle-memory`` bytes.
+    A folder's or an ImageFolder tree's samples are listed in memory before the shuffle, and
+    its buckets hold only their files' names: one bucket (their files' bytes are never in a
+    bucket, and counting them would stat every file again, links to nothing included)."""
+    if layout in ("folder", "imagefolder"):
+        return 1
+    return max(1, -(-_input_bytes(args, layout) // args.shuffle_memory))
+
+
 def _input_bytes(args: argparse.Namespace, layout: str) -> int:
-    """The input's size on disk (what a shuffle's buckets hold, about; compressed shards grow when read)."""
+    """The input's size on disk (what a shuffle's buckets hold, about; compressed shards grow when read;
+    a manifest's files are names in its buckets: the manifest's own size)."""
     from ..shards.openers import resolve_local
     from ..shards.url_specs import expand_url_spec
 
@@ -167,7 +178,7 @@ def run_create(args: argparse.Namespace) -> int:
     left_out: list[str] = []
     samples, total = _samples(args, layout, store, left_out)
     if args.shuffle_seed is not None:
-        buckets = max(1, -(-_input_bytes(args, layout) // args.shuffle_memory))
+        buckets = _buckets(args, layout)
         samples = shuffled(samples, args.shuffle_seed, buckets,
                            workdir=args.spool if is_remote(args.output) else os.path.dirname(args.output) or ".")
     with _Bar(args.quiet, total, world) as bar:
@@ -182,8 +193,8 @@ def run_create(args: argparse.Namespace) -> int:
     if left_out:
         from .sources import IMAGE_EXTENSIONS
 
-        print(f"left out {len(left_out)} file(s) that are not images (torchvision's ImageFolder extensions: "
-              f"{' '.join(IMAGE_EXTENSIONS)}):", file=sys.stderr)
+        print(f"left out {len(left_out)} file(s) or folder(s): hidden, beside the class folders, or not images "
+              f"(torchvision's ImageFolder extensions: {' '.join(IMAGE_EXTENSIONS)}):", file=sys.stderr)
         print("".join(f"  left out {path}\n" for path in left_out[:_LISTED]), end="", file=sys.stderr)
         if len(left_out) > _LISTED:
             print(f"  ... and {len(left_out) - _LISTED} more", file=sys.stderr)

@@ -12,12 +12,15 @@ those to its handler (an error naming the input, or a listed skip).
 from __future__ import annotations
 
 import csv
+import errno
 import fnmatch
+import io
 import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
+from ..errors import ShardWriteError
 from ..shards.keys import group_members
 from ..shards.openers import list_urls, open_shard
 from ..shards.url_specs import expand_url_spec
@@ -45,6 +48,11 @@ def _entry_problem(entry: os.DirEntry, root: str, allow_outside: bool) -> str | 
     if entry.is_symlink():
         target = os.path.realpath(entry.path)
         if not os.path.exists(target):
+            try:
+                os.stat(entry.path)
+            except OSError as exn:
+                if exn.errno == errno.ELOOP:
+                    return f"a symbolic link to {os.readlink(entry.path)!r}, which leads round a loop of links (a link loop)"
             return f"a symbolic link to {os.readlink(entry.path)!r}, which does not exist (a dangling link)"
         if not allow_outside and not _inside(target, root):
             return f"a symbolic link to {target!r}, outside the input folder {root!r} ({_OUTSIDE})"
@@ -53,17 +61,30 @@ def _entry_problem(entry: os.DirEntry, root: str, allow_outside: bool) -> str | 
     return None
 
 
-def _files(folder: str, root: str, allow_outside: bool = False,
-           within: tuple[str, ...] = ()) -> Iterator[tuple[str, os.DirEntry, str | None]]:
+def _folder_like(entry: os.DirEntry) -> bool:
+    """Whether an entry is, or may have been, a folder: a folder, a link to one, or a link to
+    nothing (or round a loop) whose name has no dot (``images -> /mnt/gone/images``). A link
+    not followed is reported when it is folder-like, whatever its name, as the files in it
+    would have been."""
+    if entry.is_symlink() and not os.path.exists(entry.path):  # (is_dir() raises for a link loop)
+        return "." not in entry.name
+    return entry.is_dir()
+
+
+def _files(folder: str, root: str, allow_outside: bool = False, within: tuple[str, ...] = (),
+           hidden: list[str] | None = None) -> Iterator[tuple[str, os.DirEntry, str | None]]:
     """(path relative to ``folder``, entry, why it cannot be taken or None) of every file under
-    ``folder``, sorted, hidden ones left out. Symbolic links are followed inside ``root`` (a
-    resolved path); one leading outside it, one leading nowhere and a link back into a folder
-    being listed (a loop) come with their reason, as does anything that is not a file."""
+    ``folder``, sorted, hidden ones left out (their paths added to ``hidden`` where given; a
+    hidden folder's, not its files'). Symbolic links are followed inside ``root`` (a resolved
+    path); one leading outside it, one leading nowhere and a link back into a folder being
+    listed (a loop) come with their reason, as does anything that is not a file."""
     within = within or (os.path.realpath(folder),)
     with os.scandir(folder) as scan:
         entries = sorted(scan, key=lambda e: e.name)
     for entry in entries:
         if entry.name.startswith("."):
+            if hidden is not None:
+                hidden.append(entry.path)
             continue
         problem = _entry_problem(entry, root, allow_outside)
         if problem is None and entry.is_dir():
@@ -71,7 +92,7 @@ def _files(folder: str, root: str, allow_outside: bool = False,
             if real in within:
                 problem = f"a symbolic link back to the folder {real!r} it stands in (a loop)"
             else:
-                for relative, inner, why in _files(entry.path, root, allow_outside, (*within, real)):
+                for relative, inner, why in _files(entry.path, root, allow_outside, (*within, real), hidden):
                     yield os.path.join(entry.name, relative), inner, why
                 continue
         yield entry.name, entry, problem
@@ -99,7 +120,8 @@ def folder_samples(root: str, *, extensions: Iterable[str] | None = None, fields
     files whose suffix is one of these. ``fields_file`` (with ``field_names``): more fields
     per key from a list file. A symbolic link that leads nowhere or outside ``root`` (unless
     ``allow_outside``), a link loop and anything that is not a file make their sample a bad
-    input (an error naming the path, or a listed skip)."""
+    input (an error naming the path, or a listed skip); a link to a folder, or to nothing
+    with no dot in its name (it may have been a folder), whatever ``extensions`` says."""
     wanted = None if extensions is None else {e.lower().lstrip(".") for e in extensions}
     skip = os.path.abspath(fields_file) if fields_file else None
     inside = os.path.realpath(root)
@@ -108,7 +130,7 @@ def folder_samples(root: str, *, extensions: Iterable[str] | None = None, fields
         if skip is not None and os.path.abspath(entry.path) == skip:
             continue
         key, dot, suffix = entry.name.partition(".")
-        folder = problem is not None and entry.is_dir()  # a link to a folder not followed: reported whatever its name
+        folder = problem is not None and _folder_like(entry)  # a link not followed: reported whatever its name
         if not dot and not folder:
             continue
         if wanted is not None and suffix.lower() not in wanted and not folder:
@@ -139,27 +161,33 @@ def imagefolder_samples(root: str, *, extensions: Iterable[str] = IMAGE_EXTENSIO
     """Samples of an ImageFolder tree: each subfolder a class (numbered in sorted order, as
     torchvision does), each image in it a sample ``<class>/<name>`` with its image field and
     ``cls``. Only files with an image extension are taken (``extensions``: torchvision's
-    ``IMG_EXTENSIONS`` by default, compared lowercased); the paths of the others (and of
-    files beside the class folders) go to ``left_out`` where given, else to one warning in
-    the log. A file name with more than one dot makes a key with a dot; a symbolic link that
-    leads nowhere or outside ``root`` (unless ``allow_outside``), a link loop and anything
-    that is not a file are bad inputs: reported by the writer (an error, or a listed skip)."""
+    ``IMG_EXTENSIONS`` by default, compared lowercased); the paths of the others, of files
+    beside the class folders and of hidden files and folders (``.ipynb_checkpoints``, which
+    torchvision would take as a class) go to ``left_out`` where given, else to one warning
+    in the log. A file name with more than one dot makes a key with a dot; a symbolic link
+    that leads nowhere or outside ``root`` (unless ``allow_outside``), a link loop and
+    anything that is not a file are bad inputs: reported by the writer (an error, or a
+    listed skip). A link to nothing named like a class folder (no dot) is such a class: it
+    keeps its number, so skipping it leaves the other classes' numbers as they were."""
     suffixes = tuple(e.lower() if e.startswith(".") else f".{e.lower()}" for e in extensions)
     inside = os.path.realpath(root)
     dropped: list[str] = []
     with os.scandir(root) as scan:
-        entries = sorted((e for e in scan if not e.name.startswith(".")), key=lambda e: e.name)
-    classes = [e for e in entries if e.is_dir()]  # as torchvision's find_classes (links to folders too)
-    dropped += [e.path for e in entries if not e.is_dir()]  # beside the classes: torchvision takes none
+        everything = sorted(scan, key=lambda e: e.name)
+    entries = [e for e in everything if not e.name.startswith(".")]
+    dropped += [e.path for e in everything if e.name.startswith(".")]
+    # as torchvision's find_classes (links to folders too), and links to nothing that may have been folders
+    classes = [e for e in entries if _folder_like(e)]
+    dropped += [e.path for e in entries if e not in classes]  # beside the classes: torchvision takes none
     for number, folder in enumerate(classes):
         problem = _entry_problem(folder, inside, allow_outside)
         if problem is not None:
             yield {"__key__": folder.name, "__source__": folder.path, PROBLEMS: [f"{folder.path}: {problem}"]}
             continue
         for relative, entry, why in _files(folder.path, inside, allow_outside,
-                                           (inside, os.path.realpath(folder.path))):
-            linked_folder = why is not None and entry.is_dir()  # not followed: reported whatever its name
-            if not entry.name.lower().endswith(suffixes) and not linked_folder:
+                                           (inside, os.path.realpath(folder.path)), dropped):
+            unlisted = why is not None and _folder_like(entry)  # not followed: reported whatever its name
+            if not entry.name.lower().endswith(suffixes) and not unlisted:
                 dropped.append(entry.path)
                 continue
             stem, dot, extension = relative.rpartition(".")
@@ -172,8 +200,9 @@ def imagefolder_samples(root: str, *, extensions: Iterable[str] = IMAGE_EXTENSIO
     if left_out is not None:
         left_out += dropped
     elif dropped:
-        logger.warning("%s: left out %d file(s) that are not images (extensions %s): %s%s", root, len(dropped),
-                       ", ".join(suffixes), ", ".join(dropped[:10]), ", ..." if len(dropped) > 10 else "")
+        logger.warning("%s: left out %d file(s) or folder(s): hidden, beside the class folders, or not images "
+                       "(extensions %s): %s%s", root, len(dropped), ", ".join(suffixes), ", ".join(dropped[:10]),
+                       ", ..." if len(dropped) > 10 else "")
 
 
 def path_field(base: str, path: str, root: str, allow_outside: bool = False) -> FileBytes:
@@ -199,14 +228,14 @@ def manifest_samples(path: str, *, allow_outside: bool = False) -> Iterator[dict
     base = os.path.dirname(os.path.abspath(path))
     root = os.path.realpath(base)
     if path.endswith(".csv"):
-        with open(path, newline="") as stream:
-            rows: Iterable = list(csv.DictReader(stream))
-        lines = ((f"{path}:{n + 2}", row) for n, row in enumerate(rows))
+        rows: Iterable = list(csv.DictReader(io.StringIO(_utf8_text(path), newline="")))
+        lines: Iterable[tuple[str, object, str | None]] = ((f"{path}:{n + 2}", row, None)
+                                                           for n, row in enumerate(rows))
     else:
         lines = _jsonl(path)
-    for where, row in lines:
-        if not isinstance(row, dict):
-            yield {"__source__": where, PROBLEMS: [f"not a JSON object: {row!r}"]}
+    for where, row, unread in lines:
+        if unread is not None or not isinstance(row, dict):
+            yield {"__source__": where, PROBLEMS: [unread or f"not a JSON object: {row!r}"]}
             continue
         key = row.get("__key__", row.get("key"))
         sample: dict = {"__key__": key, "__source__": where}
@@ -228,14 +257,35 @@ def manifest_samples(path: str, *, allow_outside: bool = False) -> Iterator[dict
         yield sample
 
 
-def _jsonl(path: str) -> Iterator[tuple[str, object]]:
-    with open(path) as lines:
-        for number, line in enumerate(lines, 1):
+def _utf8_text(path: str) -> str:
+    """A manifest's text; raises :class:`~wds_datapipes.errors.ShardWriteError` naming the
+    file and the line where it is not UTF-8 (before any sample of it is planned)."""
+    with open(path, "rb") as stream:
+        data = stream.read()
+    try:
+        return data.decode("utf-8-sig")  # a byte order mark (Excel's "CSV UTF-8") is not in the first name
+    except UnicodeDecodeError as exn:
+        line = data.count(b"\n", 0, exn.start) + 1
+        raise ShardWriteError(f"the manifest is not UTF-8 text: line {line} has the byte "
+                              f"0x{data[exn.start]:02x} ({exn.reason})", source=f"{path}:{line}") from None
+
+
+def _jsonl(path: str) -> Iterator[tuple[str, object, str | None]]:
+    """(``path:line``, the line's JSON value, None), or (``path:line``, None, why it cannot
+    be read: bad JSON, not UTF-8), of each line that is not blank."""
+    with open(path, "rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte order mark is no JSON
+            except UnicodeDecodeError as exn:
+                yield f"{path}:{number}", None, (f"not UTF-8 text: the byte 0x{raw[exn.start]:02x} at {exn.start} "
+                                                 f"({exn.reason})")
+                continue
             if line.strip():
                 try:
-                    yield f"{path}:{number}", json.loads(line)
+                    yield f"{path}:{number}", json.loads(line), None
                 except ValueError as exn:
-                    yield f"{path}:{number}", f"bad JSON ({exn})"
+                    yield f"{path}:{number}", None, f"bad JSON ({exn})"
 
 
 def shard_samples(specs: Iterable[str], keys: str | None = None, where: Sequence[str] = (),
