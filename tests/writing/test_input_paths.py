@@ -257,3 +257,19 @@ def test_links_that_lead_round_a_loop_are_bad_inputs_not_a_crash(tmp_path, capsy
         assert f"{link}: a symbolic link to " in err
     assert err.count("(a link loop)") == len(looped)
     assert _images(tmp_path / "out") == [b"fine"]
+
+
+@pytest.mark.timeout(60)  # before the fix, the FIFO's copy waited forever
+def test_a_manifest_path_to_a_fifo_or_a_folder_is_a_bad_input_not_a_wait(tmp_path, capsys):
+    """A dataset's archive can hold a FIFO (GNU tar makes it): named by a manifest, it is refused
+    like the folder layouts' FIFOs, as is a folder; oracle: the report's lines, tarfile."""
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    os.mkfifo(data / "pipe.txt")
+    manifest = _manifest(data, [{"key": "fifo", "txt_path": "pipe.txt"}, {"key": "dir", "txt_path": "sub"}])
+    assert _create(manifest, tmp_path / "out", "--skip-bad") == 0
+    err = capsys.readouterr().err
+    assert "wrote 1, skipped 2" in err
+    assert "m.jsonl:2: field 'txt': 'pipe.txt' is a FIFO, socket or device, not a regular file" in err
+    assert "m.jsonl:3: field 'txt': 'sub' is a folder, not a regular file" in err
+    assert _members(tmp_path / "out") == {"ok.txt": b"fine"}

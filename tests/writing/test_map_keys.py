@@ -62,6 +62,7 @@ def test_a_repeat_in_one_shard_is_skipped_and_listed_with_a_skipping_handler(tmp
     assert report.index is not None and report.index.total == 2
 
 
+@pytest.mark.timeout(120)  # worker processes
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("handler", [None, ignore_and_continue])
 def test_a_repeat_across_shards_stops_the_run_whatever_the_handler(tmp_path, workers, handler):

@@ -18,6 +18,7 @@ import io
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 
 from ..errors import ShardWriteError
@@ -211,12 +212,17 @@ def path_field(base: str, path: str, root: str, allow_outside: bool = False) -> 
 
     Raises :class:`ValueError` naming the path where it resolves outside ``root`` (a resolved
     folder; unless ``allow_outside``): an absolute path, a ``..``, or a link that leads out;
+    or where it is not a regular file (a folder; a FIFO, whose copy would wait forever);
     :class:`OSError` where it cannot be read."""
     real = os.path.realpath(os.path.join(base, path))
     if not allow_outside and not _inside(real, root):
         leads = "is" if real == path else f"resolves to {real!r},"
         raise ValueError(f"{path!r} {leads} outside the input's folder {root!r} ({_OUTSIDE})")
-    return FileBytes(real, os.stat(real).st_size)
+    found = os.stat(real)
+    if not stat.S_ISREG(found.st_mode):
+        kind = "a folder" if stat.S_ISDIR(found.st_mode) else "a FIFO, socket or device"
+        raise ValueError(f"{path!r} is {kind}, not a regular file")
+    return FileBytes(real, found.st_size)
 
 
 def manifest_samples(path: str, *, allow_outside: bool = False) -> Iterator[dict]:
