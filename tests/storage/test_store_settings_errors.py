@@ -189,11 +189,28 @@ def test_no_azure_account_fails_at_once_through_the_store_agent_too(monkeypatch,
     assert not [r for r in caplog.records if "trying again" in r.getMessage()]
 
 
-def test_credentials_named_in_code_are_not_mixed_with_the_connection_string_s(monkeypatch):
-    """StoreSettings naming a credential: the connection string gives the account and endpoint
-    only (its SAS would otherwise be forced by credential_type beside the key named in code)."""
+@pytest.mark.parametrize("named", [{"credentials_env": {"account_key": "TEAM_KEY"}}, {"options": {"use_azure_cli": "true"}},
+                                   {"options": {"client_id": "y", "tenant_id": "z", "msi_endpoint": "http://169.254.169.254"}},
+                                   {"anonymous": True}])
+def test_credentials_named_in_code_are_not_mixed_with_the_connection_string_s(monkeypatch, named):
+    """StoreSettings naming a credential (its secret through a variable, or a way to get one as
+    options: the Azure CLI, a managed identity) or none at all (anonymous): the connection string gives the account and endpoint only (its SAS
+    would otherwise be forced by credential_type beside the key named in code)."""
     only(monkeypatch, AZURE_STORAGE_CONNECTION_STRING=f"AccountName=acct;SharedAccessSignature={SAS}",
          TEAM_KEY=KEY)
-    options = cloud_settings._environment_options("az", StoreSettings(credentials_env={"account_key": "TEAM_KEY"}))
+    options = cloud_settings._environment_options("az", StoreSettings(**named))
     assert options == {"account_name": "acct", "endpoint": "https://acct.blob.core.windows.net"}
     assert cloud_settings._environment_options("az", StoreSettings())["credential_type"] == "sas_token"
+    for own in ({"options": {"container_name": "c"}}, {"credentials_env": {"encryption_key": "TEAM_KEY"}}):
+        assert cloud_settings._environment_options("az", StoreSettings(**own))["sas_key"] == SAS  # no credential
+
+
+@pytest.mark.parametrize("named", [{"options": {"service_account_path": "/k.json"}}, {"options": {"base_url": "http://gcs"}},
+                                   {"credentials_env": {"service_account_key": "TEAM_KEY"}},
+                                   {"endpoint": "http://gcs"}])
+def test_credentials_or_a_base_url_named_in_code_come_before_the_gcs_emulator_variable(monkeypatch, named):
+    """As the docs say: a StoreSettings with an endpoint or credentials comes first; a bucket option does not count."""
+    only(monkeypatch, STORAGE_EMULATOR_HOST="localhost:4443", TEAM_KEY=KEY)
+    assert cloud_settings._environment_options("gs", StoreSettings(**named)) == {}
+    assert cloud_settings._environment_options("gs", StoreSettings(options={"bucket": "b"}))["base_url"] == \
+        "http://localhost:4443"

@@ -390,19 +390,29 @@ def build_store(scheme: str, bucket: str, settings: StoreSettings, limits: Limit
     return cls(bucket, config=config, client_options=client, retry_config=retry, **extra)
 
 
+# The store options that say where a store is, not who calls it: any other option in code (but a
+# customer's encryption key) names credentials (``account_key``, ``sas_key``, ``client_id``,
+# ``use_azure_cli``, ``service_account_path``, ...) or, for gs, a base URL, and so comes before
+# what the environment's variables say. (An unsigned gs store still goes to the emulator.)
+_PLACE_OPTIONS = {"az": frozenset({"account_name", "endpoint", "use_emulator", "use_fabric_endpoint", "container_name",
+                                   "disable_tagging"}),
+                  "gs": frozenset({"bucket", "bucket_name", "skip_signature"})}
+
+
 def _environment_options(scheme: str, settings: StoreSettings) -> dict[str, Any]:
     """The store options the cloud's usual variables give that obstore does not read itself
     (:mod:`.cloud_env`): an Azure connection string, Google's storage emulator host. Settings
     in code that name the account, the endpoint or the credentials come first: then neither
     is read. Raises cloud_env.ConfigError for a connection string that cannot be used."""
     named = {name for name, _ in (*settings.options, *settings.credentials_env)}
+    in_code = bool(settings.credential_provider  # credentials, or a base URL (not a customer's encryption key)
+                   or {n for n in named - _PLACE_OPTIONS.get(scheme, frozenset()) if not _CUSTOMER_KEY_OPTION.search(n)})
     if scheme == "az" and not named & {"account_name", "use_emulator"}:
         options = cloud_env.azure_connection(os.environ) or {}
-        if settings.credentials_env or settings.credential_provider:  # the credentials named in code, alone
+        if in_code or settings.anonymous:  # the credentials named in code, alone
             options = {k: v for k, v in options.items() if k in ("account_name", "endpoint")}
         return options
-    if (scheme == "gs" and settings.endpoint is None and not settings.credentials_env
-            and settings.credential_provider is None and (emulator := cloud_env.gcs_emulator(os.environ))):
+    if scheme == "gs" and settings.endpoint is None and not in_code and (emulator := cloud_env.gcs_emulator(os.environ)):
         return {"base_url": emulator, "credential_provider": cloud_env.no_token}
     return {}
 
