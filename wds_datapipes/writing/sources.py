@@ -34,7 +34,7 @@ logger = logging.getLogger("wds_datapipes")
 
 # torchvision's ImageFolder takes files with these extensions (torchvision.datasets.folder.IMG_EXTENSIONS)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-_OUTSIDE = "allow_outside=True, --allow-outside: take it"
+_OUTSIDE = "refused by default; --allow-outside or allow_outside=True takes it: see docs/security.md"
 
 
 def _inside(path: str, root: str) -> bool:
