@@ -203,3 +203,18 @@ def test_a_manifest_that_is_not_utf8_is_refused_naming_its_line_and_a_byte_order
     for name in ("bom.csv", "bom.jsonl"):
         assert main(["create", str(tmp_path / name), "-o", str(out / name / "s-%02d.tar"), *COMMON]) == 0
         assert [k for k, _ in _samples(out / name)] == ["ok"]
+
+
+def test_extensions_choose_what_an_imagefolder_tree_takes(tmp_path, capsys):
+    """``--layout imagefolder --extensions gif,.JPG``: those instead of torchvision's (once silently
+    ignored); the rest listed as left out, naming the extensions used. Oracle: tarfile's members."""
+    root = tmp_path / "tree"
+    (root / "cat").mkdir(parents=True)
+    for name in ("a.gif", "b.jpg", "c.png", "d.txt"):
+        (root / "cat" / name).write_bytes(name.encode())
+    assert main(["create", str(root), "-o", str(tmp_path / "out/s-%02d.tar"), "--layout", "imagefolder",
+                 "--extensions", "gif, .JPG", *COMMON]) == 0
+    err = capsys.readouterr().err
+    assert {k: set(v) for k, v in _samples(tmp_path / "out")} == {"cat/a": {"cls", "gif"}, "cat/b": {"cls", "jpg"}}
+    left = {line.split("left out ", 1)[1] for line in err.splitlines() if line.startswith("  left out ")}
+    assert left == {str(root / "cat/c.png"), str(root / "cat/d.txt")} and "(--extensions gif, .JPG)" in err

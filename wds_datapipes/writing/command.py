@@ -43,7 +43,8 @@ def add_create_command(commands) -> None:
     create.add_argument("--index", help="the index to write (default: index.json beside the shards)")
     create.add_argument("--fields", help="a list file of more fields per key ('key v1 v2 ...', # comments)")
     create.add_argument("--field-names", default="cls", help="names of the list file's columns after the key")
-    create.add_argument("--extensions", help="only files with these suffixes (comma-separated), folder layout")
+    create.add_argument("--extensions", help="only files with these suffixes (comma-separated): the folder layout; "
+                        "imagefolder: these instead of torchvision's image extensions")
     create.add_argument("--require", default="", help="fields every sample must have (comma-separated)")
     create.add_argument("--keys", help="shards layout: only keys matching this glob")
     create.add_argument("--where", action="append", default=[], metavar="TEST",
@@ -109,7 +110,13 @@ def _samples(args: argparse.Namespace, layout: str, store=None,
     """The input's samples, and how many there will be where that is cheap to know (for the ETA);
     ``left_out`` gets the files an ImageFolder tree holds that are not images."""
     from .parquet import parquet_rows, parquet_samples
-    from .sources import folder_samples, imagefolder_samples, manifest_samples, shard_samples
+    from .sources import (
+        IMAGE_EXTENSIONS,
+        folder_samples,
+        imagefolder_samples,
+        manifest_samples,
+        shard_samples,
+    )
 
     outside = args.allow_outside
     if layout == "parquet":
@@ -124,11 +131,12 @@ def _samples(args: argparse.Namespace, layout: str, store=None,
     source = args.sources[0]
     if layout == "manifest":
         return manifest_samples(source, allow_outside=outside), None
+    extensions = [e.strip() for e in (args.extensions or "").split(",") if e.strip(" .")] or None
     if layout == "imagefolder":  # file names and sizes only: the bytes are read later
-        listed = list(imagefolder_samples(source, allow_outside=outside, left_out=left_out))
+        listed = list(imagefolder_samples(source, extensions=extensions or IMAGE_EXTENSIONS, allow_outside=outside,
+                                          left_out=left_out))
         return iter(listed), len(listed)
     names = [n for n in args.field_names.split(",") if n]
-    extensions = None if args.extensions is None else args.extensions.split(",")
     listed = list(folder_samples(source, extensions=extensions, fields_file=args.fields, field_names=names,
                                  allow_outside=outside))
     return iter(listed), len(listed)
@@ -193,8 +201,10 @@ def run_create(args: argparse.Namespace) -> int:
     if left_out:
         from .sources import IMAGE_EXTENSIONS
 
+        taken = (f"--extensions {args.extensions}" if args.extensions else
+                 f"torchvision's ImageFolder extensions: {' '.join(IMAGE_EXTENSIONS)}")
         print(f"left out {len(left_out)} file(s) or folder(s): hidden, beside the class folders, or not images "
-              f"(torchvision's ImageFolder extensions: {' '.join(IMAGE_EXTENSIONS)}):", file=sys.stderr)
+              f"({taken}):", file=sys.stderr)
         print("".join(f"  left out {path}\n" for path in left_out[:_LISTED]), end="", file=sys.stderr)
         if len(left_out) > _LISTED:
             print(f"  ... and {len(left_out) - _LISTED} more", file=sys.stderr)
