@@ -24,11 +24,11 @@ def _run_folders() -> set[str]:
 
 
 def test_with_stats_off_nothing_is_counted_made_or_started(tmp_path):
-    """Oracles: the file system's listing of the places a run folder goes, the thread list,
-    and the recorder registry; and the samples are those of a second, identical pipeline."""
+    """Oracles: the file system's listing of the places a run folder goes, the threads (none of
+    the publisher's), and the recorder registry; the samples are every shard's, twice."""
     assert not wd.stats.enabled()
     paths = write_shards(tmp_path, 3, 20)
-    folders, threads = _run_folders(), {t.name for t in threading.enumerate()}
+    folders = _run_folders()
 
     def pipeline():
         return wd.ShardLister(paths).load_tar().group_by_key().decode().map_fields({"cls": int}).batch_samples(8)
@@ -39,7 +39,7 @@ def test_with_stats_off_nothing_is_counted_made_or_started(tmp_path):
     assert sorted(k for batch in got for k in batch) == sorted(2 * [f"s{s:03d}-{i:04d}" for s in range(3)
                                                                     for i in range(20)])
     assert _run_folders() == folders
-    assert {t.name for t in threading.enumerate()} - threads == set()
+    assert not [t for t in threading.enumerate() if t.name == "wds-stats"]  # a loader's own threads may linger
     assert recorder.current_recorder() is None
     snapshot = wd.stats.snapshot()
     assert not snapshot.enabled and snapshot.processes == 0 and snapshot.stages == {}

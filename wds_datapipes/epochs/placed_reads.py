@@ -56,7 +56,7 @@ def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: in
     probe = current_probe()
     if probe is None:
         file, meter = open_usable(places, shard, url, filesize, limits), None
-    else:  # the opening and each read timed, the samples counted (a countdown: nothing per sample)
+    else:  # the opening and each read timed, the samples counted where the span ends: nothing per sample
         scheme, label = url_scheme(url), label or "index"
         file = probe.opened(open_usable, probe.target("open", scheme, label), places, shard, url, filesize, limits)
         target = probe.target("read", scheme, label)
@@ -199,12 +199,13 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
 
     A member is checked against the read it falls in, and only a member outside it (about one
     in twenty photos) asks whether it is large: the fewest steps per member. ``meter``: stats'
-    (probe, read target, sampler) where they are on: each read is timed, samples counted."""
+    (probe, read target, sampler) where they are on: each read is timed; the samples handed
+    out are counted when the span ends, from the sample numbers (they run without a gap)."""
     plain = plain_url(url)  # samples carry a plain str in __url__, as webdataset's do
     rows = span.rows
     offset = -1
     probe, target, sampler = meter if meter is not None else (None, None, None)
-    due = sampler.due if sampler is not None else 0  # 0: off (see stats.probe.Sampler)
+    current = first = int(rows["sample"][0]) - 1 if len(rows) else -1
     try:
         filesize = file.size
         chunk = BUFFER_BYTES
@@ -212,7 +213,6 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
         base = end = 0  # the file's bytes [base, base + end) are in view
         limit = limits.max_member_bytes
         sample: dict | None = None
-        current = -1
         keys = iter(span.keys)
         bad = bad_members(rows, filesize, limit)
         good = int(bad[0]) if len(bad) else len(rows)  # the members read before the first bad place
@@ -244,10 +244,6 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
             if number != current:
                 if sample is not None:
                     sample.update(last_fields)
-                    if due:
-                        due -= 1
-                        if not due:
-                            due = sampler.tick()
                     yield sample
                 current = number
                 sample = {"__key__": next(keys), "__url__": plain}
@@ -256,8 +252,6 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
             raise bad_place(url, span.name(good), int(rows["data"][good]), int(rows["size"][good]), filesize, limit)
         if sample is not None:
             sample.update(last_fields)
-            if due:
-                due -= 1
             yield sample
     except OSError as exn:
         if offset < 0:
@@ -265,8 +259,8 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
         raise shard_error(exn, url, span.name(span.member_at(offset)), offset) from exn
     finally:
         file.close()
-        if sampler is not None:
-            sampler.save(due)
+        if sampler is not None:  # the samples through ``current`` were handed out (one short after an error)
+            sampler.add(current - first)
 
 
 def read_new(file: LocalShard | LocalCopy, size: int, offset: int, views: bool) -> bytes | memoryview:

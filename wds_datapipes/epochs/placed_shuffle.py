@@ -63,29 +63,27 @@ def _placed(shards: _PlacedShards, reader: ReaderPlan, spans: SpanList, start: i
     first sample whose shard cannot be read by places."""
     position = start
     sampler = shards.sampler
-    due = sampler.due if sampler is not None else 0  # 0: off (see stats.probe.Sampler)
+    timed = sampler.first_at(start) if sampler is not None else -1  # stats: the next position timed (-1: off)
     try:
         for q in range(start // reader.block_size, reader.blocks):
             located = spans.locate(reader.block_positions(q)[position - q * reader.block_size :])
             block_shards, numbers, pads = (column.tolist() for column in located)
             shards.keep_at_least(len(set(block_shards)))
             for shard, number, pad in zip(block_shards, numbers, pads):
-                t0 = 0
-                if due:
-                    due -= 1
-                    if not due:
-                        t0 = sampler.start()
                 try:
-                    sample = shards.sample(shard, number, pad)
+                    if position != timed:
+                        sample = shards.sample(shard, number, pad)
+                    else:  # one sample in a gap: its read timed (no countdown: the position is the count)
+                        t0 = sampler.start()
+                        sample = shards.sample(shard, number, pad)
+                        timed = sampler.stop_at(t0, position, sample)
                 except _NotPlaced:
                     return position
-                if t0:
-                    due = sampler.stop(t0, sample)
+                position += 1  # before the yield: a sample handed out is counted
                 yield sample
-                position += 1
     finally:
         if sampler is not None:
-            sampler.save(due)
+            sampler.finish_at(position)
     return None
 
 
@@ -153,17 +151,20 @@ class _PlacedShards:
         else:  # stats: the opening and its places, timed (not a sample's read)
             target = self.probe.target("open", url_scheme(self.index.url(shard)), self.label)
             opened = self.probe.opened(self._opened, target, shard)
+        if opened is None:
+            raise _NotPlaced(self.index.url(shard))
         self.open[shard] = opened
         if len(self.open) > self.keep:
             self.open.popitem(last=False)[1].file.close()
         return opened
 
-    def _opened(self, shard: int) -> _Shard:
+    def _opened(self, shard: int) -> _Shard | None:
+        """Shard ``shard`` opened with its places; None where it cannot be read by them."""
         url = self.index.url(shard)
         file = open_usable(self.index.places, shard, url, self.index.shards[shard].filesize, self.limits,
                            revalidate=shard not in self.checked)
         if file is None:
-            raise _NotPlaced(url)
+            return None
         self.checked.add(shard)
         try:
             return _Shard(self.index, shard, *self.ranges[shard], file, self.limit)

@@ -13,11 +13,18 @@ Off by default; when off, the pipes read no clock and count nothing, and no file
 The modules: :mod:`.settings` (on and off; the run folder), :mod:`.tallies` (the counters
 of one process), :mod:`.recorder` (one process's counters, and how loader workers publish
 them), :mod:`.probe` (what stage code measures with, and how each stage is timed; the
-observer hook for exporters) and :mod:`.meters` (its sampler, timed streams and batch meter),
-:mod:`.snapshot` (the numbers), :mod:`.wait` (the
-loop's wait), :mod:`.ranks` (the gather across ranks), :mod:`.report` (the rules and the
-text). Every stage reports into this room; it imports none of them. Exporters live at its
-edge and read snapshots, or observe intervals through ``enable(observer=...)``.
+observer hook for exporters) and :mod:`.meters` (its sampler, timed streams and batch
+meter), :mod:`.snapshot` (the numbers), :mod:`.wait` (the loop's wait), :mod:`.ranks` (the
+gather across ranks), :mod:`.report` (the rules and the text). Every stage reports into
+this room; it imports none of them.
+
+For exporters (they live at this room's edge; no stage knows them): :func:`snapshot` and
+:meth:`Snapshot.since` for counters over an interval (TensorBoard scalars, Prometheus
+counters: stage, source, scheme, worker and rank are the snapshot's keys); ``enable(observer=
+factory)`` for the timed intervals as they happen, in every process that measures (a trace of
+the workers' stages, ``torch.profiler`` ranges: see :mod:`.probe`); :func:`read_records` and
+:func:`build` for the raw per-process records; :data:`STAGES` and :data:`ALL_STAGES` for the
+stage names.
 """
 
 from __future__ import annotations

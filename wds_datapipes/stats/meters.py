@@ -60,30 +60,38 @@ class Sampler:
         self._a0 = self.probe.accounted
         return _now()
 
-    def stop(self, t0: int, sample: Any = None) -> int:
-        """The timed sample ended: its time counts for the gap; returns the next countdown. With an
-        ``io`` target, the sample's bytes (its fields') times the gap are the reads' estimated bytes."""
+    def stop(self, t0: int, sample: Any = None, gap: int | None = None) -> int:
+        """The timed sample ended: its time counts for the gap (``gap`` samples, the countdown's by
+        default); returns the next countdown. With an ``io`` target, the sample's bytes (its fields')
+        times the gap are the reads' estimated bytes."""
         t1 = _now()
         probe = self.probe
         ns = t1 - t0 - (probe.accounted - self._a0)
         stage = self.stage
         if stage.timed >= CAP_AFTER:  # a time slice of another process is not this sample's work
             ns = min(ns, max(CAP_FLOOR_NS, CAP_RATIO * stage.ns // stage.timed))
+        n = self.armed if gap is None else gap  # the samples this one stands for
         stage.timed += 1
         stage.ns += ns
+        stage.weighted_calls += n
+        stage.weighted_ns += ns * n
         if self.io is not None and isinstance(sample, dict):
             size = sum(len(v) for v in sample.values() if isinstance(v, (bytes, bytearray, memoryview)))
-            stage.bytes += size * self.armed
+            stage.bytes += size * n
             for tally in (self.io.source, self.io.scheme):
-                tally.sampled_reads += self.armed
+                tally.sampled_reads += n
                 tally.timed_reads += 1
-                tally.sampled_ns += ns
-                tally.bytes += size * self.armed
-        probe.accounted += ns * self.armed
+                tally.sampled_ns += ns * n
+                tally.bytes += size * n
+        probe.accounted += ns * n
         probe.recorder.last_ns = t1
         if probe.observer is not None:
             probe.observer.span(self.name, self.label, t1 - ns, t1)
-        return self.tick()
+        if gap is None:
+            return self.tick()
+        self._count(gap)
+        self.due = self._gap()
+        return self.due
 
     def tick(self) -> int:
         """A gap's samples went by: count them, and start the next gap; returns the countdown."""
@@ -104,6 +112,30 @@ class Sampler:
 
     def _gap(self) -> int:
         return self.probe.gap(self.stage if self.calls else None)  # a sampler that only counts: the longest
+
+    def add(self, n: int) -> None:
+        """``n`` more samples went by (a loop that counts them itself)."""
+        if n > 0:
+            self._count(n)
+
+    # -- by position: a loop that counts its samples already (``position += 1``) needs no countdown
+
+    def first_at(self, position: int) -> int:
+        """The position of the first sample to time, for a loop that starts at ``position``."""
+        self.armed = position  # here: where the samples not counted yet start
+        return position + self._gap() - 1
+
+    def stop_at(self, t0: int, position: int, sample: Any = None) -> int:
+        """The sample at ``position`` was timed (see :meth:`stop`); returns the next position to time."""
+        start = self.armed
+        self.armed = position + 1
+        self.stop(t0, sample, position + 1 - start)
+        return position + self.due
+
+    def finish_at(self, position: int) -> None:
+        """The loop left off at ``position`` (the samples before it handed out): count the rest."""
+        self.add(position - self.armed)
+        self.armed = position
 
     def pending(self) -> int:
         """Samples of the current gap that went by and are not counted yet."""

@@ -314,21 +314,22 @@ def _process_seconds(record: dict) -> dict[str, float]:
 
 
 def _estimate(row: list[int]) -> float:
-    """A stage's ns: what was timed whole, and its sampled ns scaled to all its calls."""
-    exact, calls, timed, ns = row[2], row[3], row[4], row[5]
-    return exact + (ns * calls / timed if timed else 0.0)
+    """A stage's ns: what was timed whole, each timed sample's ns times the samples it stands
+    for, and the samples of gaps not closed yet at the timed ones' mean (see ``StageTally``)."""
+    exact, calls, timed, ns, weighted_calls, weighted_ns = row[2:8]
+    return exact + weighted_ns + (max(0, calls - weighted_calls) * ns / timed if timed else 0.0)
 
 
 def _stage(name: str, row: list[int] | None, seconds: float) -> StageStats:
     if row is None:
         return StageStats(name, seconds=seconds)
-    items, nbytes, _, calls, timed, _, errors, retries, threads = row
+    items, nbytes, _, calls, timed, _, _, _, errors, retries, threads = row
     return StageStats(name, items, nbytes, seconds, calls, timed, errors, retries, threads)
 
 
 def _source(name: str, row: list[int]) -> SourceStats:
-    samples, objects, nbytes, read_ns, sampled, timed, sampled_ns, open_ns, retries, errors, hits, misses, cached = row
-    read = (read_ns + (sampled_ns * sampled / timed if timed else 0.0)) * _NS
+    samples, objects, nbytes, read_ns, _, _, sampled_ns, open_ns, retries, errors, hits, misses, cached = row
+    read = (read_ns + sampled_ns) * _NS
     return SourceStats(name, samples, objects, nbytes, read, open_ns * _NS, retries, errors, hits, misses, cached)
 
 

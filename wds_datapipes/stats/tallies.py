@@ -20,15 +20,19 @@ ALL_STAGES = STAGES + DERIVED
 
 class StageTally:
     """One stage in one process: ``exact_ns`` of work timed whole (reads, openings, batches), and
-    ``calls`` units of sampled work (samples), ``timed`` of them timed, taking ``ns``. The stage's
-    time is ``exact_ns + ns * calls / timed``."""
+    ``calls`` units of sampled work (samples), ``timed`` of them timed, taking ``ns``. Each timed
+    sample stands for the ``n`` samples of its gap (``weighted_calls`` in all, ``weighted_ns`` the
+    sum of each one's time times its ``n``: right however the gaps vary), the samples of a gap not
+    closed yet for the mean: the stage's time is ``exact_ns + weighted_ns + (calls -
+    weighted_calls) * ns / timed`` (:func:`~.snapshot.build`)."""
 
-    FIELDS = ("items", "bytes", "exact_ns", "calls", "timed", "ns", "errors", "retries", "threads")  # a row's order
+    FIELDS = ("items", "bytes", "exact_ns", "calls", "timed", "ns", "weighted_calls", "weighted_ns", "errors",
+              "retries", "threads")  # a record's row, in order
     __slots__ = FIELDS
 
     def __init__(self) -> None:
         self.items = self.bytes = self.exact_ns = self.calls = self.timed = self.ns = 0
-        self.errors = self.retries = self.threads = 0
+        self.weighted_calls = self.weighted_ns = self.errors = self.retries = self.threads = 0
 
     def row(self) -> list[int]:
         return [getattr(self, name) for name in self.FIELDS]
@@ -36,8 +40,9 @@ class StageTally:
 
 class SourceTally:
     """One source (a shard list, an index, a mixture's source) or one URL scheme, in one process:
-    its reads timed whole (``read_ns``), and reads of a sample each, ``sampled_reads`` of them,
-    ``timed_reads`` timed taking ``sampled_ns`` (by member places in a shuffled order)."""
+    its reads timed whole (``read_ns``), and reads of a sample each (by member places in a
+    shuffled order), ``sampled_reads`` of them, ``timed_reads`` timed, each one's time times
+    the reads of its gap summed in ``sampled_ns`` (an estimate of them all)."""
 
     FIELDS = ("samples", "objects", "bytes", "read_ns", "sampled_reads", "timed_reads", "sampled_ns", "open_ns",
               "retries", "errors", "cache_hits", "cache_misses", "cache_bytes")  # a record's row, in order
