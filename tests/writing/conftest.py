@@ -4,6 +4,7 @@ after every test that GNU tar reads each shard it left under ``tmp_path`` as tar
 from __future__ import annotations
 
 import random
+import tarfile
 
 import numpy as np
 import pytest
@@ -38,6 +39,19 @@ def make_pets(root, n: int = 12, seed: int = 0) -> dict[str, bytes]:
     (root / "annotations" / "list.txt").write_text("\n".join(lines) + "\n")
     (root / "images" / ".DS_Store").write_bytes(b"junk")
     return files
+
+
+def shard_keys(paths) -> list[str]:
+    """The sample keys of these shards, in order (a key's members are adjacent). oracle:
+    tarfile, not our reader."""
+    keys: list[str] = []
+    for path in paths:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                key = member.name.partition(".")[0]
+                if not keys or keys[-1] != key:
+                    keys.append(key)
+    return keys
 
 
 @pytest.fixture

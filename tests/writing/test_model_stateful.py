@@ -1,7 +1,8 @@
 """A stateful, model-based test of the writer's whole output folder (hypothesis
 ``RuleBasedStateMachine``): runs, restarts with other ``maxcount``/``maxsize``, runs killed
 (SIGKILL, a real process) before a shard's rename, after it, or half-way through a progress
-line, inputs that shrink, grow or change, and a lost progress record.
+line, inputs that shrink, grow or change, a lost progress record, and a user's file named
+like a shard (never removed nor written over: every run is refused while it is there).
 
 After every step the folder's shards, read by ``tarfile`` and by webdataset, hold exactly what
 a small model says, or the step was refused with the error the model expects. The model is
@@ -136,6 +137,7 @@ class WriterModel(RuleBasedStateMachine):
         self.input: list[Sample] = []
         self.serial = 0
         self.setting = (5, None)  # the settings of a resume where no record says them
+        self.foreign: dict[int, bytes] = {}  # a user's files named like shards, by number
 
     @initialize(count=st.integers(4, 26), seed=st.integers(0, 2**16))
     def start(self, count, seed):
@@ -178,8 +180,23 @@ class WriterModel(RuleBasedStateMachine):
         elif how == "key":
             key = f"{key}c{self.serial}"
         else:
-            fields = (*fields, ("extra", b"x"))
+            # one "extra" field, replaced by another of a new size (never a second field of that name)
+            fields = (*(f for f in fields if f[0] != "extra"), ("extra", b"x" * (1 + self.serial % 50)))
         self.input[at] = (key, fields)
+
+    @rule(n=st.sampled_from([2, 600]))
+    def plant_a_users_file(self, n):
+        """A user's file named like shard ``n`` (within a plan, or past any), where no shard is."""
+        if n not in self.disk:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.foreign[n] = f"a user's file {n}".encode()
+            (self.out / f"s-{n:04d}.tar").write_bytes(self.foreign[n])
+
+    @rule()
+    def move_the_users_files_away(self):
+        for n in self.foreign:
+            (self.out / f"s-{n:04d}.tar").unlink()
+        self.foreign.clear()
 
     @rule()
     def lose_record(self):
@@ -216,7 +233,7 @@ class WriterModel(RuleBasedStateMachine):
             assert words in message, (words, message)
         if outcome == "done":
             assert (self.out / "index.json").exists()
-            check_with_gnu_tar(sorted(self.out.glob("*.tar")))
+            check_with_gnu_tar(sorted(p for p in self.out.glob("*.tar") if int(p.stem[2:]) not in self.foreign))
 
     def _predict(self, setting, crash, restart: bool) -> tuple[str, str]:
         """Plays the run on the model (the same order of events as a one-process run); the
@@ -231,13 +248,18 @@ class WriterModel(RuleBasedStateMachine):
                 return events[0] == nth
             return False
 
+        foreign = "an earlier run of the writer left"  # a user's file: refused at once, before anything else
         if restart or self.record is None:
+            if self.foreign:
+                return "refused", foreign
             if not restart and self.disk:
                 return "refused", "no progress record"
             self.disk.clear()
             self.record = {"settings": setting, "shards": {}, "end": None}
         elif self.record["settings"] != setting:
             return "refused", "other settings"
+        elif self.foreign:
+            return "refused", foreign
         shards = plan(self.input, *setting)
         recorded = self.record["shards"]
         for n, shard in enumerate(shards):
@@ -267,7 +289,9 @@ class WriterModel(RuleBasedStateMachine):
         if not self.out.exists():
             assert not self.disk
             return
-        paths = sorted(self.out.glob("*.tar"))
+        for n, data in self.foreign.items():
+            assert (self.out / f"s-{n:04d}.tar").read_bytes() == data
+        paths = sorted(p for p in self.out.glob("*.tar") if int(p.stem[2:]) not in self.foreign)
         assert [p.name for p in paths] == [f"s-{n:04d}.tar" for n in sorted(self.disk)]
         want = [s for n in sorted(self.disk) for s in self.disk[n]]
         got: list[Sample] = []

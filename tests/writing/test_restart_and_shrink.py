@@ -4,12 +4,11 @@ naming the shard and what differs; an older progress record is refused with its 
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from tests.writing.conftest import make_samples
+from tests.writing.conftest import make_samples, shard_keys
 from wds_datapipes.cli import main
 from wds_datapipes.errors import ShardWriteError
 from wds_datapipes.writing import write_shards
@@ -19,14 +18,7 @@ PATTERN = "s-%04d.tar"
 
 def _read(folder: Path) -> list[str]:
     """Every key in the folder's shards, in shard order. oracle: tarfile (not our reader)."""
-    keys: list[str] = []
-    for path in sorted(folder.glob("*.tar")):
-        with tarfile.open(path) as tar:
-            for member in tar:
-                key = member.name.partition(".")[0]
-                if not keys or keys[-1] != key:
-                    keys.append(key)
-    return keys
+    return shard_keys(sorted(folder.glob("*.tar")))
 
 
 def _webdataset_keys(folder: Path) -> list[str]:
@@ -201,7 +193,7 @@ def test_a_restart_of_two_ranks_removes_each_rank_s_own_earlier_shards(tmp_path)
 
 def test_only_names_the_pattern_would_write_count_as_its_shards(tmp_path):
     """oracle: the names ``pattern % n`` gives, by hand (width, prefix, suffix, rank)."""
-    from wds_datapipes.writing.progress import listed_shards
+    from wds_datapipes.writing.earlier import listed_shards
 
     for name in ["s-0001.tar", "s-001.tar", "s-12345.tar", "t-0002.tar", "s-0002.tar.gz", "s-0003.tar.part",
                  "s-00x4.tar", "s-0004.tar"]:

@@ -66,7 +66,11 @@ def add_create_command(commands) -> None:
     create.add_argument("--rank", type=int, help="this machine's rank (default: torchrun's or SLURM's)")
     create.add_argument("--world", type=int, help="how many machines write (default: torchrun's or SLURM's)")
     create.add_argument("--join", action="store_true", help="only join the ranks' finished records into the index")
-    create.add_argument("--restart", action="store_true", help="ignore an interrupted run's progress")
+    create.add_argument("--restart", action="store_true",
+                        help="start over: remove the shards an earlier run left in the output folder (only the "
+                             "writer's own, with their .part files: a file named like a shard that the writer did "
+                             "not leave is refused, never removed), then write everything again; refused at an "
+                             "object store that holds earlier shards (nothing there is deleted)")
     create.add_argument("--compress", choices=("gzip", "bzip2", "xz", "zstd"),
                         help="compress the shards (default: as the output's suffix says: .tar.gz, .tar.zst, ...)")
     create.add_argument("--max-field-bytes", type=_size, help="a field (file) bigger than this is a bad input")

@@ -44,15 +44,8 @@ from ..errors import ShardOpenError, ShardWriteError, WdsError
 from ..shards.openers import backend_for, open_source, url_scheme
 from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
 from ..storage.store_calls import StoreFailure, not_found
-from .progress import (
-    Plan,
-    ProgressLog,
-    WriterSettings,
-    join_index,
-    object_still_there,
-    progress_path,
-    settle_earlier,
-)
+from .earlier import settle_earlier
+from .progress import Plan, ProgressLog, WriterSettings, join_index, object_still_there, progress_path
 from .shard_file import ShardResult
 
 Put = Callable[..., "str | None"]
@@ -221,7 +214,8 @@ class RemoteProgress:
         self.removed: list[str] = []
         if not self.resumed:
             self.earlier_pattern = None if earlier is None else earlier.get("pattern")
-            self.removed = settle_earlier(settings.pattern, rank, world, self, restart, files.stores)
+            self.removed = settle_earlier(settings.pattern, rank, world, restart, files.stores,
+                                          earlier_pattern=self.earlier_pattern)
             self.run = uuid.uuid4().hex
             files.write(f"{self.prefix}/settings.json",
                         json.dumps({**settings.to_json(), "run": self.run}).encode())

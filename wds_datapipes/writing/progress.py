@@ -14,8 +14,9 @@ rank has ended, with no read of the shards.
 
 A resume checks each recorded shard's plan against the input's (:meth:`ProgressLog.check_plan`:
 count, keys, field names and sizes) and, at the end, that the input still fills every shard
-the earlier run wrote (:func:`check_no_more_shards`); either difference is refused, naming
-the shard.
+the earlier run wrote (:func:`~.earlier.check_no_more_shards`); either difference is refused,
+naming the shard. What a run that does not resume does with an earlier run's shards (a
+restart removes the writer's own): :mod:`.earlier`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import logging
 import os
-import re
 from dataclasses import asdict, dataclass
 from itertools import chain
 from operator import itemgetter
@@ -35,10 +34,9 @@ import numpy as np
 
 from ..epochs.index import ShardIndex, ShardScan, _write_atomically
 from ..errors import ShardWriteError, WdsError
-from ..shards.openers import backend_for, list_urls, url_scheme
+from ..shards.openers import backend_for, url_scheme
 from ..storage.cloud_settings import PipelineStores, with_stores
-
-logger = logging.getLogger("wds_datapipes")
+from .earlier import refuse_foreign_beside, settle_earlier
 
 FORMAT = "wds_datapipes.writer_progress/2"  # /2: each shard's plan holds its samples' keys and sizes
 
@@ -169,17 +167,16 @@ class ProgressLog:
         self.ended: int | None = None
         self.resumed = False  # whether an earlier run's record was read, to go on from
         self.earlier_end: int | None = None
-        self.earlier_shards: list[str] = []  # a restart: the shards the record it replaces held
-        self.earlier_pattern: str | None = None  # ... and that run's pattern
         self.texts: dict[int, str] = {}  # each complete shard's record line, as written
         read = _read(path) if os.path.exists(path) else []
         lines = [entry for entry, _ in read]
         self.removed: list[str] = []  # a restart: the earlier run's shards it removed
         if restart or not lines:
-            if lines:
-                self.earlier_pattern = lines[0].get("pattern")
-                self.earlier_shards = [e["scan"]["url"] for e in lines[1:] if "shard" in e and "scan" in e]
-            self.removed = settle_earlier(settings.pattern, settings.rank, settings.world, self, restart, stores)
+            first = lines[0] if lines else {}
+            recorded = {e["scan"]["url"]: e["scan"].get("filesize") for e in lines[1:] if "shard" in e and "scan" in e}
+            self.removed = settle_earlier(settings.pattern, settings.rank, settings.world, restart, stores,
+                                          earlier_pattern=first.get("pattern"), earlier_mtime=first.get("mtime"),
+                                          recorded=recorded, mtime=settings.mtime)
             self._start()
             return
         earlier = WriterSettings.from_json(lines[0], repr(path))
@@ -188,6 +185,8 @@ class ProgressLog:
             changed = {k: (v, getattr(settings, k)) for k, v in asdict(earlier).items() if getattr(settings, k) != v}
             raise ShardWriteError(f"an earlier run with other settings left {path!r} ({changed}, earlier -> now); "
                                   "run with the same settings to resume, or restart=True (--restart) to start over")
+        refuse_foreign_beside(settings.pattern, settings.rank, settings.world,
+                              [e["scan"]["url"] for e in lines[1:] if "shard" in e and "scan" in e], settings.mtime)
         with open(path, "rb") as raw:
             whole = raw.read()
         if whole.count(b"\n") != len(lines) or not whole.endswith(b"\n"):
@@ -239,124 +238,6 @@ class ProgressLog:
 
     def close(self) -> None:
         self._out.close()
-
-
-# ------------------------------------------------------------ what an earlier run left
-
-_FIELD = re.compile(r"%%|%(0?\d*)[di]")
-
-
-def listed_shards(pattern: str, rank: int = 0, world: int = 1, stores: PipelineStores | None = None,
-                  parts: bool = False) -> dict[int, str] | None:
-    """The shards named ``pattern % n`` that are there now (a local folder's files, a bucket's
-    objects as their back end lists them), of rank ``rank``'s numbers (``n % world``): {n: URL}.
-    ``parts``: the local ``.part`` files a kill left instead ({n: path}). None where that
-    cannot be listed: the number is not in the pattern's last part, the back end lists
-    nothing, or the listing failed (a warning says why)."""
-    head, slash, tail = pattern.rpartition("/")
-    fields = [m for m in _FIELD.finditer(tail) if m.group() != "%%"]
-    if len(fields) != 1 or any(m.group() != "%%" for m in _FIELD.finditer(head)):
-        return None
-    before, after = tail[: fields[0].start()].replace("%%", "%"), tail[fields[0].end():].replace("%%", "%")
-    folder = head.replace("%%", "%") if slash else "."
-    if url_scheme(pattern) == "file":
-        try:
-            names = os.listdir(folder or "/")
-        except FileNotFoundError:
-            names = []
-    elif parts:
-        return {}
-    else:
-        spec = with_stores(f"{folder}/{before}*{after}", stores)
-        if backend_for(spec).list is None or any(c in before + after for c in "*?["):
-            return None  # (a glob character in the name would make the listing match other names)
-        try:
-            names = [str.__str__(url).rpartition("/")[2] for url in list_urls(spec)]
-        except (WdsError, OSError) as exn:
-            if getattr(exn, "reason", None) == "no object matches":  # an object store's empty listing
-                return {}
-            logger.warning("%s: cannot list the destination to look for an earlier run's shards (%s)", spec, exn)
-            return None
-    number = re.compile(re.escape(before) + r"(\d+)" + re.escape(after) + (r"\.part(?:\.z)?" if parts else ""))
-    found: dict[int, str] = {}
-    for name in sorted(names):
-        match = number.fullmatch(name)
-        if match is not None and int(match.group(1)) % world == rank:
-            n = int(match.group(1))
-            if name.startswith(tail % n):  # the pattern's own spelling of n (its width), not another's
-                found[n if not parts else len(found)] = pattern % n + name[len(tail % n):]
-    return found
-
-
-def settle_earlier(pattern: str, rank: int, world: int, log, restart: bool,
-                   stores: PipelineStores | None = None) -> list[str]:
-    """Before a run: the shards an earlier run left under ``pattern`` (and under the pattern of
-    the record a restart replaces), of this rank's numbers. A resume keeps them (they are
-    checked as it goes, and at its end by :func:`check_no_more_shards`); a restart removes
-    them from a local folder, with any ``.part`` file a kill left, and returns them, but
-    refuses where they are objects (no back end here deletes objects); a fresh run (no
-    record) refuses them: they would mix with its own."""
-    if log.resumed:
-        return []
-    patterns = [pattern] + ([log.earlier_pattern] if restart and log.earlier_pattern not in (None, pattern) else [])
-    urls: set[str] = set()
-    for each in patterns:
-        listed = listed_shards(each, rank, world, stores)
-        if listed is None:
-            logger.warning("%s: the shards of an earlier run cannot be listed there; a run leaves any of them it "
-                           "does not write over", each)
-        urls.update(listed.values() if listed else ())
-    local = url_scheme(pattern) == "file"
-    urls.update(url for url in getattr(log, "earlier_shards", ()) if local and os.path.exists(url))
-    found = sorted(urls)
-    if not found:
-        return _remove_parts(patterns, rank, world) if restart and local else []
-    named = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-    if restart and local:
-        for path in found:
-            os.remove(path)
-        _remove_parts(patterns, rank, world)
-        logger.info("restart: removed %d shards of an earlier run (%s)", len(found), named)
-        return found
-    if restart:
-        raise ShardWriteError(f"a restart cannot remove the {len(found)} shards an earlier run left there ({named}): "
-                              "no back end here deletes objects. Remove them, then run again with restart=True "
-                              "(--restart)", shard=found[0])
-    raise ShardWriteError(f"{len(found)} shards named like this run's are there already ({named}) and no progress "
-                          "record accounts for them: a run would leave those it does not write over beside its own. "
-                          "Remove them, or restart=True (--restart) to replace them", shard=found[0])
-
-
-def _remove_parts(patterns: list[str], rank: int, world: int) -> list[str]:
-    """Removes the ``.part`` files of these local patterns' shards of this rank (a kill's leftovers)."""
-    for each in patterns:
-        for path in (listed_shards(each, rank, world, parts=True) or {}).values():
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
-    return []
-
-
-def check_no_more_shards(pattern: str, rank: int, world: int, log, total: int,
-                         stores: PipelineStores | None = None) -> None:
-    """After a resume planned ``total`` shards: raises where the earlier run planned more, or
-    left (recorded or not) a shard of this rank's numbers past ``total``: the input shrank or
-    changed, and those shards hold samples it no longer has."""
-    if not log.resumed:
-        return
-    why = "the input shrank or changed since the earlier run"
-    again = "restart=True (--restart) writes everything again and removes the earlier run's shards"
-    extra = {n: entry["scan"]["url"] for n, entry in dict.items(log.done) if n >= total}
-    extra.update({n: url for n, url in (listed_shards(pattern, rank, world, stores) or {}).items() if n >= total})
-    if extra:
-        first = min(extra)
-        raise ShardWriteError(f"{why}: it now plans {total} shards, but that run wrote shard {first} "
-                              f"({extra[first]}; {len(extra)} such shards), with samples the input no longer has; "
-                              f"{again}", shard=extra[first])
-    if log.earlier_end is not None and log.earlier_end > total:
-        raise ShardWriteError(f"{why}: that run planned {log.earlier_end} shards, the input now {total}; {again}",
-                              shard=pattern % total)
 
 
 def _lines(path: str) -> list[dict]:
@@ -439,5 +320,4 @@ def join_index(index: str, world: int, own: ProgressLog | None = None) -> ShardI
     return result
 
 
-__all__ = ["FORMAT", "Plan", "ProgressLog", "WriterSettings", "check_no_more_shards", "join_index", "listed_shards",
-           "progress_path", "settle_earlier"]
+__all__ = ["FORMAT", "Plan", "ProgressLog", "WriterSettings", "join_index", "progress_path"]

@@ -33,8 +33,9 @@ from ..handlers import Handler, reraise_exception
 from ..storage.cloud_settings import PipelineStores, StoreArg
 from . import destination as dest
 from .compress import check_compression, compression_of
+from .earlier import check_no_more_shards
 from .plan import Counted, ShardPlanner, row_shard, sample_cost, writes_shard
-from .progress import Plan, ProgressLog, WriterSettings, check_no_more_shards, join_index, progress_path
+from .progress import Plan, ProgressLog, WriterSettings, join_index, progress_path
 from .shard_file import PROBLEMS, FileBytes, MemberOptions, ShardResult, check_fields, write_shard
 
 logger = logging.getLogger("wds_datapipes")
@@ -108,9 +109,11 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
         fsync: sync each shard to disk before its rename (a machine that goes down then
             never leaves a renamed shard with missing bytes).
         restart: start over: ignore an earlier run's progress, remove its shards (those named
-            like ``pattern % n`` of this rank, and those its record names; at a remote
-            destination, where nothing is deleted, refused while they are there), write
-            everything again. Without it, a run beside shards no record accounts for is
+            like ``pattern % n`` of this rank, and those its record names), write everything
+            again. Only the writer's own are removed: a file named like a shard that the writer
+            did not leave (see ``wds_datapipes.writing.earlier``) is refused, never removed; at
+            a remote destination, where nothing is deleted, a restart is refused while earlier
+            shards are there. Without it, a run beside shards no record accounts for is
             refused, and a resume checks the input against each recorded shard's samples.
         join: write the index when this rank is done; default: when ``world == 1``.
         progress: called with (samples, bytes) after each shard.
