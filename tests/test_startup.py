@@ -196,6 +196,8 @@ WAYS_IN = {
                          "ShardLister(sys.argv[1:], shuffle=True).load_tar().group_by_key()"),
     "torch first": ("import torch\nimport wds_datapipes\nfrom torch.utils.data.datapipes.iter import IterableWrapper",
                     "IterableWrapper(sys.argv[1:]).list_shards(shuffle=True).load_tar().group_by_key()"),
+    "torch after us": ("import wds_datapipes\nfrom torch.utils.data.datapipes.iter import IterableWrapper",
+                       "IterableWrapper(sys.argv[1:]).list_shards(shuffle=True).load_tar().group_by_key()"),
 }
 
 
@@ -268,3 +270,17 @@ def test_the_public_names_are_listed_alike_in_the_three_places():
     assert set(wds_datapipes.__all__) <= set(dir(wds_datapipes))
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         wds_datapipes.nothing  # noqa: B018
+
+
+def test_the_names_that_load_the_pipes_are_the_functional_names_we_register():
+    """Oracle: torch's own registry of functional names, once our pipes are loaded (a fresh process)."""
+    out = _python("""
+        import json, wds_datapipes as wd
+        from torch.utils.data import IterDataPipe
+        before = set(IterDataPipe.functions)
+        wd.ShardLister  # loads the pipes
+        print(json.dumps(sorted(set(IterDataPipe.functions) - before)))
+    """, Path.cwd())
+    from wds_datapipes import _FUNCTIONAL_NAMES
+
+    assert set(json.loads(out)) == _FUNCTIONAL_NAMES

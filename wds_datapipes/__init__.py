@@ -13,7 +13,9 @@ soon as any of these happens:
   (``from wds_datapipes.shards.listing import ShardLister``, a pickle naming a pipe of ours);
 - ``import wds_datapipes`` runs where torch is imported already (``import torch`` first, as
   in a training script: ``IterableWrapper(samples).decode()`` then works with no name of ours
-  touched).
+  touched);
+- torch is imported after us, and one of the functional names above is first asked of a pipe
+  (``IterableWrapper(samples).decode()`` again).
 
 The names that need no torch (:class:`ShardIndex`, :class:`Limits`, the errors, the handlers,
 ...) load alone: the command line and the writer start without torch.
@@ -108,6 +110,9 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "loaders.hooks": (),  # state_dict, load_state_dict, set_epoch on pipelines of ours
 }
 _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
+_DATAPIPE_BASE = "torch.utils.data.datapipes.datapipe"  # torch's IterDataPipe
+_FUNCTIONAL_NAMES = frozenset({"list_shards", "load_tar", "group_by_key", "decode", "decode_batches",
+                               "shuffle_samples", "batch_samples", "to_tuple", "rename_keys", "map_fields"})
 _TORCH_BASE = f"{__name__}.torch_datapipes"  # every pipe of ours builds on it (and so on torch)
 _loading = threading.local()  # per thread: modules of ours being imported (depth), loading the pipes
 _pipes_loaded = False
@@ -132,7 +137,13 @@ class _PipesOnTorch(importlib.abc.MetaPathFinder):
     base (and so torch) imported: then no module of ours is half imported in this thread."""
 
     def find_spec(self, fullname: str, path=None, target=None):
-        if _pipes_loaded or not fullname.startswith(f"{__name__}."):
+        if _pipes_loaded:
+            return None
+        if fullname == _DATAPIPE_BASE:
+            wrap = _FunctionalNamesLoader
+        elif fullname.startswith(f"{__name__}."):
+            wrap = _CountingLoader
+        else:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -140,7 +151,7 @@ class _PipesOnTorch(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _CountingLoader(spec.loader)
+                    spec.loader = wrap(spec.loader)
                 return spec
         return None
 
@@ -166,6 +177,24 @@ class _CountingLoader(importlib.abc.Loader):
 
     def __getattr__(self, name: str):  # get_source, get_resource_reader, ...: the module's own loader's
         return getattr(self.loader, name)
+
+
+class _FunctionalNamesLoader(_CountingLoader):
+    """torch's DataPipe base, imported after us: its attribute lookup loads our pipes the first time
+    one of our functional names is asked for (``IterableWrapper(samples).decode()``), so a script
+    that imports us before torch and touches no name of ours still finds them."""
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        base = module.IterDataPipe
+        plain = base.__getattr__
+
+        def __getattr__(pipe, name: str):
+            if name in _FUNCTIONAL_NAMES and name not in base.functions:
+                _load_pipes()
+            return plain(pipe, name)
+
+        base.__getattr__ = __getattr__
 
 
 def __getattr__(name: str) -> Any:
