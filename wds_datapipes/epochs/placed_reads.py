@@ -59,8 +59,7 @@ def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: in
     else:  # the opening and each read timed, the samples counted where the span ends: nothing per sample
         scheme, label = url_scheme(url), label or "index"
         file = probe.opened(open_usable, probe.target("open", scheme, label), places, shard, url, filesize, limits)
-        target = probe.target("read", scheme, label)
-        meter = (probe, target, probe.sampler("read", calls=False, source=target.source, label=label))
+        meter = (probe, probe.target("read", scheme, label))
     if file is None:
         return None
     try:
@@ -199,12 +198,12 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
 
     A member is checked against the read it falls in, and only a member outside it (about one
     in twenty photos) asks whether it is large: the fewest steps per member. ``meter``: stats'
-    (probe, read target, sampler) where they are on: each read is timed; the samples handed
-    out are counted when the span ends, from the sample numbers (they run without a gap)."""
+    (probe, read target) where they are on: each read is timed; the samples handed out are
+    counted when the span ends, from the sample numbers (they run without a gap)."""
     plain = plain_url(url)  # samples carry a plain str in __url__, as webdataset's do
     rows = span.rows
     offset = -1
-    probe, target, sampler = meter if meter is not None else (None, None, None)
+    probe, target = meter if meter is not None else (None, None)
     current = first = int(rows["sample"][0]) - 1 if len(rows) else -1
     try:
         filesize = file.size
@@ -259,8 +258,9 @@ def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_
         raise shard_error(exn, url, span.name(span.member_at(offset)), offset) from exn
     finally:
         file.close()
-        if sampler is not None:  # the samples through ``current`` were handed out (one short after an error)
-            sampler.add(current - first)
+        if target is not None:  # the samples through ``current`` were handed out (one short after an error)
+            target.flush()
+            target.counted(current - first)
 
 
 def read_new(file: LocalShard | LocalCopy, size: int, offset: int, views: bool) -> bytes | memoryview:

@@ -76,7 +76,7 @@ def _placed(shards: _PlacedShards, reader: ReaderPlan, spans: SpanList, start: i
                     else:  # one sample in a gap: its read timed (no countdown: the position is the count)
                         t0 = sampler.start()
                         sample = shards.sample(shard, number, pad)
-                        timed = sampler.stop_at(t0, position, sample)
+                        timed = sampler.stop_at(t0, position, shards.read_bytes(shard, number))
                 except _NotPlaced:
                     return position
                 position += 1  # before the yield: a sample handed out is counted
@@ -191,6 +191,14 @@ class _PlacedShards:
                 sample[suffixes[m]] = self._read_member(s, m)
         sample[EXACT_EPOCH_FLAG] = pad
         return sample
+
+    def read_bytes(self, shard: int, number: int) -> int:
+        """The bytes reading sample ``number`` of ``shard`` (open) takes: its members and the
+        headers between them, or the members alone where they are read one by one (stats)."""
+        s = self.open[shard]
+        a, b = s.firsts[number - s.lo], s.firsts[number - s.lo + 1]
+        span = s.data[b - 1] + s.sizes[b - 1] - s.data[a]
+        return span if span <= self.chunk else sum(s.sizes[a:b])
 
     def _read(self, s: _Shard, a: int, b: int, low: int, high: int) -> bytes | memoryview:
         """The shard's bytes ``low`` .. ``high - 1`` (members ``a`` .. ``b - 1``), as ``read_new`` gives them."""

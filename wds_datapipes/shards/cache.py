@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 from ..errors import CacheDirectoryError
 from ..limits import Limits, get_limits
-from ..stats.recorder import dataclass_counters, register_counters
+from ..stats.recorder import register_counters
 from . import openers
 from .cache_settings import CacheSettings, parse_size
 from .cache_store import DISABLED, Store, fault, verify
@@ -241,4 +241,5 @@ def verify_cache(settings: CacheSettings | None = None, repair: bool = True) -> 
 
 
 openers.set_stream_layer(_cached_open)
-register_counters("cache", lambda: dataclass_counters(STATS))  # each process's change, in stats' snapshots
+# The cache's own counters, each process's change in stats' snapshots (None while the cache is off: nothing moves).
+register_counters("cache", lambda: dict(vars(STATS)) if get_cache() is not None else None)

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .recorder import counters_delta, read_counters
-from .tallies import IoTarget, SourceTally
+from .tallies import FLUSH_READS, IoTarget, SourceTally
 
 _now = time.perf_counter_ns
 # Under CPU contention a sample of microseconds can span another process's time slice (~10 ms),
@@ -60,31 +60,28 @@ class Sampler:
         self._a0 = self.probe.accounted
         return _now()
 
-    def stop(self, t0: int, sample: Any = None, gap: int | None = None) -> int:
+    def stop(self, t0: int, nbytes: int = 0, gap: int | None = None) -> int:
         """The timed sample ended: its time counts for the gap (``gap`` samples, the countdown's by
-        default); returns the next countdown. With an ``io`` target, the sample's bytes (its fields')
-        times the gap are the reads' estimated bytes."""
+        default); returns the next countdown. With an ``io`` target, the sample was one read of
+        ``nbytes``: the gap's reads are estimated from it."""
         t1 = _now()
-        probe = self.probe
+        probe, stage = self.probe, self.stage
         ns = t1 - t0 - (probe.accounted - self._a0)
-        stage = self.stage
-        if stage.timed >= CAP_AFTER:  # a time slice of another process is not this sample's work
-            ns = min(ns, max(CAP_FLOOR_NS, CAP_RATIO * stage.ns // stage.timed))
+        timed = stage.timed
+        if timed >= CAP_AFTER:  # a time slice of another process is not this sample's work
+            cap = max(CAP_FLOOR_NS, CAP_RATIO * stage.ns // timed)
+            ns = min(ns, cap)
         n = self.armed if gap is None else gap  # the samples this one stands for
-        stage.timed += 1
+        weighted = ns * n
+        stage.timed = timed + 1
         stage.ns += ns
         stage.weighted_calls += n
-        stage.weighted_ns += ns * n
-        if self.io is not None and isinstance(sample, dict):
-            size = sum(len(v) for v in sample.values() if isinstance(v, (bytes, bytearray, memoryview)))
-            stage.bytes += size * n
-            for tally in (self.io.source, self.io.scheme):
-                tally.sampled_reads += n
-                tally.timed_reads += 1
-                tally.sampled_ns += ns * n
-                tally.bytes += size * n
-        probe.accounted += ns * n
+        stage.weighted_ns += weighted
+        probe.accounted += weighted
         probe.recorder.last_ns = t1
+        if self.io is not None:
+            stage.bytes += nbytes * n
+            self.io.sampled(n, weighted, nbytes * n)
         if probe.observer is not None:
             probe.observer.span(self.name, self.label, t1 - ns, t1)
         if gap is None:
@@ -125,11 +122,11 @@ class Sampler:
         self.armed = position  # here: where the samples not counted yet start
         return position + self._gap() - 1
 
-    def stop_at(self, t0: int, position: int, sample: Any = None) -> int:
+    def stop_at(self, t0: int, position: int, nbytes: int = 0) -> int:
         """The sample at ``position`` was timed (see :meth:`stop`); returns the next position to time."""
         start = self.armed
         self.armed = position + 1
-        self.stop(t0, sample, position + 1 - start)
+        self.stop(t0, nbytes, position + 1 - start)
         return position + self.due
 
     def finish_at(self, position: int) -> None:
@@ -243,8 +240,16 @@ class TimedStream:
             t1 = _now()
             if probe.live:
                 probe.observer.end("read", target.label)
-        target.read(n, t1 - t0)
-        probe.claim("read", target.label, t0, t1)
+        ns = t1 - t0  # IoTarget.read and Probe.claim, inline: a call per read of the stream
+        probe.accounted += ns
+        target.ns += ns
+        target.nbytes += n
+        target.reads += 1
+        if target.reads >= FLUSH_READS:
+            target.flush()
+            probe.recorder.last_ns = t1
+        if probe.observer is not None:
+            probe.observer.span("read", target.label, t0, t1)
         return n
 
     def read(self, size: int = -1) -> bytes:
@@ -252,6 +257,7 @@ class TimedStream:
 
     def close(self) -> None:
         """Closes the stream; what the shard cache read from its disk meanwhile counts for the source."""
+        self._target.flush()
         before = read_counters("cache")
         try:
             self._raw.close()

@@ -11,7 +11,6 @@ the process exits: the batches the workers send are never touched. A worker star
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import multiprocessing.util
 import os
@@ -33,9 +32,10 @@ _now = time.perf_counter_ns  # CLOCK_MONOTONIC on Linux: one clock for every pro
 _PROVIDERS: dict[str, Callable[[], dict[str, int]]] = {}
 
 
-def register_counters(name: str, read: Callable[[], dict[str, int]]) -> None:
-    """Report ``read()`` (a dict of integers, this process's counters) in every process's record,
-    as its change since the process started measuring; the shard cache registers ``"cache"``."""
+def register_counters(name: str, read: Callable[[], dict[str, int] | None]) -> None:
+    """Report ``read()`` (a dict of integers, this process's counters; None where they do not
+    move now) in every process's record, as their change since the process started measuring;
+    the shard cache registers ``"cache"``."""
     _PROVIDERS[name] = read
 
 
@@ -143,7 +143,7 @@ class Recorder:
             mixtures = [row for tally in self.mixtures.values() for row in tally.rows()]
         counters = {}
         for name, read in _PROVIDERS.items():
-            base, now = self.baselines.get(name) or {}, read()
+            base, now = self.baselines.get(name) or {}, read() or self.baselines.get(name) or {}
             counters[name] = {key: value - base.get(key, 0) for key, value in now.items()}
         record = {"v": RECORD_VERSION, "pid": self.pid, "token": self.settings.token, "main": self.owner,
                   "rank": self.rank, "world": self.world, "worker": self.worker, "workers": self.workers,
@@ -275,7 +275,3 @@ def counters_delta(before: dict[str, int] | None, after: dict[str, int] | None) 
         return None
     return {key: value - before.get(key, 0) for key, value in after.items()}
 
-
-def dataclass_counters(value) -> dict[str, int]:
-    """The integer fields of a dataclass instance (what a provider returns)."""
-    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}

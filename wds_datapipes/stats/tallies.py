@@ -57,14 +57,37 @@ class SourceTally:
         return [getattr(self, name) for name in self.FIELDS]
 
 
-class IoTarget:
-    """Where one I/O event counts: a stage's tally, its source's and its URL scheme's."""
+FLUSH_READS = 16  # an I/O target's timed reads kept to itself before they go into its three tallies
 
-    __slots__ = ("label", "scheme", "scheme_name", "source", "stage")
+
+class IoTarget:
+    """Where one I/O event counts: a stage's tally, its source's and its URL scheme's.
+
+    A timed read adds to the target's own ``ns``, ``nbytes`` and ``reads`` (three increments in
+    place of six); :meth:`flush` moves them into the tallies, every ``FLUSH_READS`` reads and
+    where a shard or span ends."""
+
+    __slots__ = ("label", "nbytes", "ns", "reads", "scheme", "scheme_name", "source", "stage")
 
     def __init__(self, stage: StageTally, source: SourceTally, scheme: SourceTally, label: str, scheme_name: str):
         self.stage, self.source, self.scheme = stage, source, scheme
         self.label, self.scheme_name = label, scheme_name
+        self.ns = self.nbytes = self.reads = 0
+
+    def flush(self) -> None:
+        """Moves the reads kept here into the stage's, source's and scheme's tallies."""
+        ns, nbytes = self.ns, self.nbytes
+        self.ns = self.nbytes = self.reads = 0
+        self.stage.exact_ns += ns
+        self.stage.bytes += nbytes
+        for tally in (self.source, self.scheme):
+            tally.read_ns += ns
+            tally.bytes += nbytes
+
+    def counted(self, samples: int) -> None:
+        """``samples`` were read (by member places in order: counted where a span ends)."""
+        self.stage.items += samples
+        self.source.samples += samples
 
     def retry(self) -> None:
         self.stage.retries += 1
@@ -78,12 +101,11 @@ class IoTarget:
 
     def read(self, n: int, ns: int) -> None:
         """A timed read call of ``n`` bytes."""
-        stage, source, scheme = self.stage, self.source, self.scheme
-        stage.exact_ns += ns
-        stage.bytes += n
-        for tally in (source, scheme):
-            tally.read_ns += ns
-            tally.bytes += n
+        self.ns += ns
+        self.nbytes += n
+        self.reads += 1
+        if self.reads >= FLUSH_READS:
+            self.flush()
 
     def opened(self, ns: int, cache: dict[str, int] | None) -> None:
         """A timed opening; ``cache``: what the shard cache's counters moved by meanwhile."""
@@ -96,6 +118,14 @@ class IoTarget:
             if cache:
                 tally.cache_hits += cache.get("hits", 0) + cache.get("read_along", 0)
                 tally.cache_misses += cache.get("misses", 0)
+
+    def sampled(self, reads: int, ns: int, nbytes: int) -> None:
+        """A timed read of one sample standing for ``reads`` reads: their estimated ``ns`` and ``nbytes``."""
+        for tally in (self.source, self.scheme):
+            tally.sampled_reads += reads
+            tally.timed_reads += 1
+            tally.sampled_ns += ns
+            tally.bytes += nbytes
 
     def cache_bytes(self, n: int) -> None:
         self.source.cache_bytes += n
