@@ -20,7 +20,9 @@ from wds_datapipes.stats import recorder
 
 
 def _run_folders() -> set[str]:
-    return {path for parent in ("/dev/shm", tempfile.gettempdir()) for path in glob.glob(f"{parent}/wds-stats-*")}
+    """This process's run folders (named by the pid that made them: other test workers make theirs)."""
+    return {path for parent in ("/dev/shm", tempfile.gettempdir())
+            for path in glob.glob(f"{parent}/wds-stats-{os.getpid()}-*")}
 
 
 def test_with_stats_off_nothing_is_counted_made_or_started(tmp_path):
@@ -72,8 +74,9 @@ def test_a_pipe_pickled_before_stats_existed_loads_and_measures_nothing(tmp_path
 
 
 IMPORT_ONLY = textwrap.dedent("""
-    import glob, sys, tempfile, threading
-    before = {p for d in ("/dev/shm", tempfile.gettempdir()) for p in glob.glob(d + "/wds-stats-*")}
+    import glob, os, sys, tempfile, threading
+    mine = f"/wds-stats-{os.getpid()}-*"  # other test workers make their own run folders
+    before = {p for d in ("/dev/shm", tempfile.gettempdir()) for p in glob.glob(d + mine)}
     import torch
     if sys.argv[1] == "import":
         import wds_datapipes
@@ -82,7 +85,7 @@ IMPORT_ONLY = textwrap.dedent("""
     from torch.utils.data.datapipes.iter import IterableWrapper
     items = [list(b) for b in DataLoader(IterableWrapper(range(20)).batch(4), batch_size=None, num_workers=2,
                                          multiprocessing_context="fork")]
-    after = {p for d in ("/dev/shm", tempfile.gettempdir()) for p in glob.glob(d + "/wds-stats-*")}
+    after = {p for d in ("/dev/shm", tempfile.gettempdir()) for p in glob.glob(d + mine)}
     ours = [t.name for t in threading.enumerate() if t.name.startswith("wds")]
     print(items, ours, sorted(after - before))
 """)

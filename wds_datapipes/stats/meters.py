@@ -12,6 +12,10 @@ from .recorder import counters_delta, read_counters
 from .tallies import FLUSH_READS, IoTarget, SourceTally
 
 _now = time.perf_counter_ns
+# A sample whose stage takes this long or longer is timed every time: timing one (two clock reads
+# and the bookkeeping, 1-3 us) costs under 0.3% of it. Cheaper samples are timed one in a gap
+# that grows as they get cheaper (about TIME_ALL_NS of work a gap), up to ``sample_every``.
+TIME_ALL_NS = 1_000_000
 # Under CPU contention a sample of microseconds can span another process's time slice (~10 ms),
 # which, scaled by its gap, would swamp a stage's estimate: once a stage has CAP_AFTER timed
 # samples, one counts at most CAP_RATIO times their mean (and at least CAP_FLOOR_NS).
@@ -60,35 +64,33 @@ class Sampler:
         self._a0 = self.probe.accounted
         return _now()
 
-    def stop(self, t0: int, nbytes: int = 0, gap: int | None = None) -> int:
-        """The timed sample ended: its time counts for the gap (``gap`` samples, the countdown's by
-        default); returns the next countdown. With an ``io`` target, the sample was one read of
-        ``nbytes``: the gap's reads are estimated from it."""
+    def stop(self, t0: int) -> int:
+        """The timed sample ended: its time counts for the countdown's gap; returns the next countdown."""
+        self._record(t0, self.armed, 0)
+        return self.tick()
+
+    def _record(self, t0: int, n: int, nbytes: int) -> None:
+        """A timed sample that stands for ``n`` (its gap) ended; with an ``io`` target it was one
+        read of ``nbytes``, from which the gap's reads are estimated."""
         t1 = _now()
         probe, stage = self.probe, self.stage
         ns = t1 - t0 - (probe.accounted - self._a0)
         timed = stage.timed
         if timed >= CAP_AFTER:  # a time slice of another process is not this sample's work
-            cap = max(CAP_FLOOR_NS, CAP_RATIO * stage.ns // timed)
-            ns = min(ns, cap)
-        n = self.armed if gap is None else gap  # the samples this one stands for
+            cap = CAP_RATIO * stage.ns // timed
+            if ns > cap and ns > CAP_FLOOR_NS:
+                ns = max(cap, CAP_FLOOR_NS)
         weighted = ns * n
         stage.timed = timed + 1
         stage.ns += ns
         stage.weighted_calls += n
         stage.weighted_ns += weighted
         probe.accounted += weighted
-        probe.recorder.last_ns = t1
         if self.io is not None:
             stage.bytes += nbytes * n
             self.io.sampled(n, weighted, nbytes * n)
         if probe.observer is not None:
             probe.observer.span(self.name, self.label, t1 - ns, t1)
-        if gap is None:
-            return self.tick()
-        self._count(gap)
-        self.due = self._gap()
-        return self.due
 
     def tick(self) -> int:
         """A gap's samples went by: count them, and start the next gap; returns the countdown."""
@@ -123,11 +125,16 @@ class Sampler:
         return position + self._gap() - 1
 
     def stop_at(self, t0: int, position: int, nbytes: int = 0) -> int:
-        """The sample at ``position`` was timed (see :meth:`stop`); returns the next position to time."""
-        start = self.armed
+        """The sample at ``position`` was timed (see :meth:`_record`): the samples up to it are
+        counted; returns the next position to time (the gap drawn inline: this runs once a gap
+        in the loops that read a sample each)."""
+        n = position + 1 - self.armed
         self.armed = position + 1
-        self.stop(t0, nbytes, position + 1 - start)
-        return position + self.due
+        self._record(t0, n, nbytes)
+        self._count(n)
+        probe, stage = self.probe, self.stage
+        every = min(probe.every, TIME_ALL_NS * stage.timed // max(stage.ns, 1))
+        return position + (int(every * (0.5 + probe.random())) or 1)
 
     def finish_at(self, position: int) -> None:
         """The loop left off at ``position`` (the samples before it handed out): count the rest."""

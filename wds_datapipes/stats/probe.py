@@ -13,7 +13,7 @@ How each kind of stage is timed:
 - sampled, for per-sample work: a :class:`~.meters.Sampler` times one sample in a jittered
   gap and counts every sample (its countdown is a small int: nothing is allocated per
   sample); a stage's time is then ``ns * calls / timed``. The gap follows the stage's cost:
-  every sample of a stage that takes ``TIME_ALL_NS`` or more (decoding, most transforms), up
+  every sample of a stage that takes :data:`~.meters.TIME_ALL_NS` or more (decoding, most transforms), up
   to one in about ``sample_every`` for stages of a few microseconds (tar, reads by member
   places). A timed sample far longer than its stage's mean counts as a bounded multiple of it
   (:data:`~.meters.CAP_RATIO`): that is another process's time slice, not the sample's work.
@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from . import meters
 from .meters import BatchMeter, Sampler, TimedStream
 from .recorder import Recorder, counters_delta, current_recorder, read_counters, recorder_for
 from .settings import StatsSettings
@@ -47,10 +48,6 @@ from .tallies import FLUSH_READS, IoTarget, MixTally, SourceTally, StageTally
 __all__ = ["BatchMeter", "Probe", "Sampler", "TimedStream", "current", "probe", "retried"]
 
 _local = threading.local()
-# A sample whose stage takes this long or longer is timed every time: timing one (two clock reads
-# and the bookkeeping, 1-3 us) costs under 0.3% of it. Cheaper samples are timed one in a gap
-# that grows as they get cheaper (about TIME_ALL_NS of work a gap), up to ``sample_every``.
-TIME_ALL_NS = 1_000_000
 _now = time.perf_counter_ns
 
 
@@ -58,7 +55,6 @@ class Probe:
     """This thread's handle on the process's recorder (made by :func:`probe`)."""
 
     __slots__ = (
-        "_random",
         "_samplers",
         "_targets",
         "accounted",
@@ -66,6 +62,7 @@ class Probe:
         "io",
         "live",
         "observer",
+        "random",
         "recorder",
         "source",
         "stages",
@@ -80,7 +77,7 @@ class Probe:
         self.every = recorder.settings.sample_every
         self.observer = recorder.observer
         self.live = bool(getattr(self.observer, "live", False))
-        self._random = random.Random().random  # ~40 ns a draw (randint takes ~20 times that)
+        self.random = random.Random().random  # ~40 ns a draw (randint takes ~20 times that)
         self._samplers: dict[str, Sampler] = {}
         self._targets: dict[tuple, IoTarget] = {}
 
@@ -113,8 +110,8 @@ class Probe:
         if stage is not None:
             if not stage.timed:
                 return 1
-            every = min(every, TIME_ALL_NS * stage.timed // max(stage.ns, 1))
-        return int(every * (0.5 + self._random())) or 1
+            every = min(every, meters.TIME_ALL_NS * stage.timed // max(stage.ns, 1))
+        return int(every * (0.5 + self.random())) or 1
 
     def sampler(self, stage: str, calls: bool = True, source: SourceTally | None = None, label: str = "",
                 io: IoTarget | None = None) -> Sampler:

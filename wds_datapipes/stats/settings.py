@@ -48,7 +48,7 @@ class StatsSettings:
     owner: int
     token: str
     interval_s: float = 0.5
-    sample_every: int = 32
+    sample_every: int = 64
     observer: Callable[[dict], Any] | None = None
     rank: int | None = None
 
@@ -64,7 +64,7 @@ class StatsSettings:
 _settings: StatsSettings | None = None
 
 
-def enable(*, directory: str | os.PathLike | None = None, interval_s: float = 0.5, sample_every: int = 32,
+def enable(*, directory: str | os.PathLike | None = None, interval_s: float = 0.5, sample_every: int = 64,
            observer: Callable[[dict], Any] | None = None) -> StatsSettings:
     """Turn stats on for the pipes built from now on (and their loader workers); returns the settings.
 
@@ -91,7 +91,7 @@ def enable(*, directory: str | os.PathLike | None = None, interval_s: float = 0.
         raise ValueError(f"interval_s must be > 0, not {interval_s!r}")
     disable()
     parent = os.fspath(directory) if directory is not None else _default_parent()
-    folder = tempfile.mkdtemp(prefix="wds-stats-", dir=parent)  # 0700: only this user reads and writes it
+    folder = tempfile.mkdtemp(prefix=f"wds-stats-{os.getpid()}-", dir=parent)  # 0700: only this user reads and writes it
     _settings = StatsSettings(folder, os.getpid(), uuid.uuid4().hex[:16], float(interval_s), int(sample_every),
                               observer)
     atexit.register(_remove, folder, os.getpid())
