@@ -11,6 +11,7 @@ from ..pipe_base import Pipe
 from ..stats.probe import current as current_probe
 from ..stats.probe import probe as stats_probe
 from ..stats.settings import current_settings
+from ..stats.stalls import note_shard
 from ..tar import iter_tar_members
 from ..torch_datapipes import IterDataPipe, functional_datapipe
 from .cache import log_cache_stats
@@ -68,8 +69,9 @@ class TarLoader(Pipe[tuple[str, str, bytes]]):
                     stream = open_shard(url, limits=self.limits)
                 else:  # timed and counted: the opening, then each read call of the stream
                     scheme = url_scheme(url)
+                    note = note_shard(url)  # the stall watchdog's: this thread's shard, its offset once open
                     stream = probe.opened(open_shard, probe.target("open", scheme, label), url, limits=self.limits)
-                    stream = probe.reading(stream, probe.target("read", scheme, label))
+                    stream = note.stream = probe.reading(stream, probe.target("read", scheme, label))
             except WdsError as exn:
                 if self.handler(exn):
                     continue

@@ -49,6 +49,7 @@ from .snapshot import (
 )
 from .tallies import ALL_STAGES, STAGES
 from .wait import watch
+from .watchdog import stacks
 
 
 def snapshot() -> Snapshot:
@@ -100,5 +101,6 @@ __all__ = [
     "register_counters",
     "report",
     "snapshot",
+    "stacks",
     "watch",
 ]

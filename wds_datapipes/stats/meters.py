@@ -225,6 +225,7 @@ class TimedStream:
 
     def __init__(self, raw: Any, probe: Any, target: IoTarget):
         self._raw, self._probe, self._target = raw, probe, target
+        self.offset = 0  # bytes returned so far: where the next read starts (the stall watchdog's)
         self._readinto = getattr(raw, "readinto", None)
 
     def readinto(self, buffer) -> int:
@@ -252,6 +253,7 @@ class TimedStream:
         target.ns += ns
         target.nbytes += n
         target.reads += 1
+        self.offset += n
         if target.reads >= FLUSH_READS:
             target.flush()
             probe.recorder.last_ns = t1
@@ -260,7 +262,9 @@ class TimedStream:
         return n
 
     def read(self, size: int = -1) -> bytes:
-        return self._probe.read_call(self._target, self._raw.read, size)
+        data = self._probe.read_call(self._target, self._raw.read, size)
+        self.offset += len(data)
+        return data
 
     def close(self) -> None:
         """Closes the stream; what the shard cache read from its disk meanwhile counts for the source."""

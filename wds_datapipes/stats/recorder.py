@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from . import settings as _run
 from .settings import StatsSettings
+from .stalls import answer_request
 from .tallies import STAGES, MixTally, SourceTally, StageTally
 
 RECORD_VERSION = 1
@@ -176,9 +177,11 @@ class Recorder:
                 self.publish()
 
     def _publish_loop(self) -> None:
+        asked = None  # the stall watchdog's last request seen (see stalls)
         while not self._stop.wait(self.settings.interval_s):
             with _publishing:
                 self.publish()
+            asked = answer_request(self, asked)
 
     def close(self) -> None:
         self._stop.set()

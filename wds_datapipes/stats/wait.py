@@ -41,7 +41,7 @@ class WaitTally:
 
 
 def watch(loader: Iterable[T], *, ready_s: float = READY_S, gather_every: int | None = None,
-          group=None) -> Iterator[T]:
+          group=None, stall_s: float | None = None) -> Iterator[T]:
     """Yields what iterating ``loader`` yields, measuring the loop's wait on it.
 
     Works the same over ``DataLoader``, ``StatefulDataLoader``, DataLoader2, a
@@ -57,6 +57,10 @@ def watch(loader: Iterable[T], *, ready_s: float = READY_S, gather_every: int | 
             (:func:`~wds_datapipes.stats.gather_ranks`: a collective, so every rank must take as
             many batches, as ``ExactEpochs`` gives them). None: never.
         group: the process group of that gather (default: the world).
+        stall_s: where the loop waits this many seconds for one batch, log each process's
+            threads, their stacks and the shard each reads (URL, server, byte offset) as a
+            warning of the ``wds_datapipes.stats`` logger (:mod:`~wds_datapipes.stats.watchdog`);
+            a long training step is no stall. None: no watchdog.
 
     Example:
         >>> for images, labels in wd.stats.watch(loader):
@@ -68,10 +72,25 @@ def watch(loader: Iterable[T], *, ready_s: float = READY_S, gather_every: int | 
         return iter(loader)
     if recorder.wait is None:
         recorder.wait = WaitTally(ready_s)
-    return _watched(loader, recorder, int(ready_s * 1e9), gather_every, group)
+    if stall_s is not None and not stall_s > 0:
+        raise ValueError(f"stall_s must be > 0, not {stall_s!r}")
+    if stall_s is None:
+        return _loop(loader, recorder, int(ready_s * 1e9), gather_every, group, None)
+    return _watched(loader, recorder, int(ready_s * 1e9), gather_every, group, stall_s)
 
 
-def _watched(loader: Iterable[T], recorder, ready_ns: int, gather_every: int | None, group) -> Iterator[T]:
+def _watched(loader: Iterable[T], recorder, ready_ns: int, gather_every: int | None, group,
+             stall_s: float) -> Iterator[T]:
+    from .watchdog import Watchdog
+
+    dog = Watchdog(recorder.settings, stall_s)
+    try:
+        yield from _loop(loader, recorder, ready_ns, gather_every, group, dog)
+    finally:  # the loop ended, broke off or failed: so does its watchdog
+        dog.stop()
+
+
+def _loop(loader: Iterable[T], recorder, ready_ns: int, gather_every: int | None, group, dog) -> Iterator[T]:
     wait = recorder.wait
     wait.starts += 1
     first = True
@@ -81,6 +100,8 @@ def _watched(loader: Iterable[T], recorder, ready_ns: int, gather_every: int | N
     source = iter(loader)  # a loader starts its workers here: part of the wait for the first batch
     while True:
         t0 = began if first else _now()
+        if dog is not None:
+            dog.waiting_since = t0
         try:
             item = next(source)
         except StopIteration:  # the wait for the epoch's end (a loader stops its workers)
@@ -89,6 +110,8 @@ def _watched(loader: Iterable[T], recorder, ready_ns: int, gather_every: int | N
                 wait.step_ns += t0 - handed  # the last batch's step
             return
         t1 = _now()
+        if dog is not None:
+            dog.waiting_since = 0
         blocked = t1 - t0
         if first:
             wait.first_ns += blocked
