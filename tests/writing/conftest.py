@@ -59,6 +59,20 @@ def samples() -> list[dict]:
     return make_samples(60)
 
 
+@pytest.fixture
+def store(monkeypatch):
+    """An in-memory store registered as ``memlist://`` that lists but cannot delete
+    (test_restart_remote's ``ListingStore``: put, stamp, a glob list)."""
+    from tests.writing.test_restart_remote import ListingStore
+    from wds_datapipes.shards import openers
+    from wds_datapipes.storage.backend import Backend
+
+    memory = ListingStore()
+    monkeypatch.setitem(openers._BACKENDS, "memlist",
+                        Backend("memlist", memory.open, stamp=memory.stamp, list=memory.list, put=memory.put))
+    return memory
+
+
 @pytest.fixture(autouse=True)
 def _shards_read_by_gnu_tar(request):
     """After each test that used ``tmp_path``: every shard left there (``.tar``, ``.tar.gz``,

@@ -1,5 +1,6 @@
 """Restarts, fresh runs and shrunk resumes at a destination that lists but cannot delete:
-an in-memory store registered as ``memlist://`` (put, stamp, a glob list; no delete)."""
+an in-memory store registered as ``memlist://`` (put, stamp, a glob list; no delete: the
+``store`` fixture of conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import pytest
 from tests.writing.conftest import make_samples
 from tests.writing.test_write_to_storage import MemoryStore
 from wds_datapipes.errors import ShardWriteError
-from wds_datapipes.shards import openers
-from wds_datapipes.storage.backend import Backend
 from wds_datapipes.writing import write_shards
 
 
@@ -23,14 +22,6 @@ class ListingStore(MemoryStore):
 
     def shards(self) -> list[str]:
         return sorted(url.rsplit("/", 1)[1] for url in self.objects if url.endswith(".tar"))
-
-
-@pytest.fixture
-def store(monkeypatch) -> ListingStore:
-    memory = ListingStore()
-    monkeypatch.setitem(openers._BACKENDS, "memlist",
-                        Backend("memlist", memory.open, stamp=memory.stamp, list=memory.list, put=memory.put))
-    return memory
 
 
 @pytest.mark.parametrize("local_index", [False, True])

@@ -74,6 +74,12 @@ def add_create_command(commands) -> None:
     create.add_argument("--compress", choices=("gzip", "bzip2", "xz", "zstd"),
                         help="compress the shards (default: as the output's suffix says: .tar.gz, .tar.zst, ...)")
     create.add_argument("--max-field-bytes", type=_size, help="a field (file) bigger than this is a bad input")
+    create.add_argument("--mtime", type=_when, metavar="WHEN",
+                        help="the members' and shard files' modification time: seconds since 1970, or a date "
+                             "(2024-06-01, 2024-06-01T12:00Z; UTC unless it says). Default: $SOURCE_DATE_EPOCH, "
+                             "else 0 (1970), which a scratch file system's purge by modification time takes for "
+                             "old: give a date of your own (the dataset's release, the run's first day), the "
+                             "same on a resume; see docs/writing-resume.md")
     create.add_argument("--no-fsync", action="store_true", help="do not sync shards to disk before renaming")
     create.add_argument("--spool", help="where shards for ais:// (s3://, ...) are built before their upload "
                         "(default: the temp folder)")
@@ -87,6 +93,32 @@ def _size(text: str) -> int:
     units = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
     text = text.strip().lower().removesuffix("b")
     return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+
+
+def _when(text: str) -> int:
+    """Whole seconds since 1970 from ``text``: a number of them, or an ISO 8601 date or date
+    and time (UTC where it names no zone)."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    from datetime import datetime, timezone
+
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither seconds since 1970 nor a date "
+                                         "(2024-06-01, 2024-06-01T12:00:00Z)") from None
+    return int((when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)).timestamp())
+
+
+def _source_date_epoch() -> int:
+    """The reproducible-builds convention's ``SOURCE_DATE_EPOCH`` (seconds since 1970), else 0."""
+    text = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"SOURCE_DATE_EPOCH={text!r} is not a whole number of seconds since 1970")
+    return int(text)
 
 
 def _layout(args: argparse.Namespace) -> str:
@@ -175,31 +207,33 @@ def _input_bytes(args: argparse.Namespace, layout: str) -> int:
 def run_create(args: argparse.Namespace) -> int:
     from .destination import is_remote, join_any
     from .reshuffle import shuffled
-    from .writer import write_shards
+    from .writer import shards_folder, write_shards
 
     found = launcher_rank_world() or (0, 1)
     rank = args.rank if args.rank is not None else found[0]
     world = args.world if args.world is not None else found[1]
-    index = args.index or os.path.join(os.path.dirname(args.output) or ".", "index.json")
+    index = args.index or os.path.join(shards_folder(args.output), "index.json")
     store = store_of_arguments(args)  # for the sources', the shards' and the index's object-store URLs
     if args.join:
         joined = join_any(index, world, args.spool, store)
         print(f"{index}: {len(joined)} shards, {joined.total} samples", file=sys.stderr)
         return 0
+    mtime = args.mtime if args.mtime is not None else _source_date_epoch()
     layout = _layout(args)
     left_out: list[str] = []
     samples, total = _samples(args, layout, store, left_out)
     if args.shuffle_seed is not None:
         buckets = _buckets(args, layout)
         samples = shuffled(samples, args.shuffle_seed, buckets,
-                           workdir=args.spool if is_remote(args.output) else os.path.dirname(args.output) or ".")
+                           workdir=args.spool if is_remote(args.output) else shards_folder(args.output))
     with _Bar(args.quiet, total, world) as bar:
         report = write_shards(
             samples, args.output, maxcount=args.maxcount, maxsize=args.maxsize, index=index,
             workers=args.workers, handler=ignore_and_continue if args.skip_bad else reraise_exception,
             require=[n for n in args.require.split(",") if n], rank=rank, world=world, restart=args.restart,
             fsync=not args.no_fsync, progress=bar.advance, compression=args.compress,
-            max_field_bytes=args.max_field_bytes, spool=args.spool, uploads=args.uploads, store=store)
+            max_field_bytes=args.max_field_bytes, spool=args.spool, uploads=args.uploads, store=store,
+            mtime=mtime)
     print(f"{layout} {' '.join(args.sources)} -> {args.output} (rank {rank} of {world})", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
     if left_out:
@@ -212,6 +246,10 @@ def run_create(args: argparse.Namespace) -> int:
         print("".join(f"  left out {path}\n" for path in left_out[:_LISTED]), end="", file=sys.stderr)
         if len(left_out) > _LISTED:
             print(f"  ... and {len(left_out) - _LISTED} more", file=sys.stderr)
+    if mtime == 0 and not is_remote(args.output):
+        print("the shard files are dated 1970-01-01 (--mtime 0, the default): a purge of old files by modification "
+              "time (scratch file systems) would take them for old; --mtime DATE dates them (docs/writing-resume.md)",
+              file=sys.stderr)
     if report.index is not None:
         print(f"{index}: {len(report.index)} shards, {report.index.total} samples", file=sys.stderr)
     elif world > 1:

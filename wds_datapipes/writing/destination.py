@@ -45,7 +45,16 @@ from ..shards.openers import backend_for, open_source, url_scheme
 from ..storage.cloud_settings import PipelineStores, StoreArg, with_stores
 from ..storage.store_calls import StoreFailure, not_found
 from .earlier import settle_earlier
-from .progress import Plan, ProgressLog, WriterSettings, join_index, object_still_there, progress_path
+from .progress import (
+    GivenKeys,
+    Plan,
+    ProgressLog,
+    WriterSettings,
+    check_given_keys,
+    join_index,
+    object_still_there,
+    progress_path,
+)
 from .shard_file import ShardResult
 
 Put = Callable[..., "str | None"]
@@ -207,6 +216,7 @@ class RemoteProgress:
         self.prefix = progress_path(index, rank, world)
         self.settings, self.files = settings, files
         self.ended: int | None = None
+        self.given: GivenKeys | None = None  # with a map: the keys it gave in this rank's shards (the writer's)
         self.earlier_end: int | None = None  # the plan of the run resumed, where it ended
         self.earlier_pattern: str | None = None  # a restart: the pattern of the run it replaces
         earlier = files.read_json(f"{self.prefix}/settings.json")
@@ -237,9 +247,10 @@ class RemoteProgress:
 
     check_plan = ProgressLog.check_plan
 
-    def record(self, shard: int, plan: Plan, written: int, skipped: list[tuple[str, str]], scan: ShardScan) -> None:
+    def record(self, shard: int, plan: Plan, written: int, skipped: list[tuple[str, str]], scan: ShardScan,
+               given: list[str | None] | None = None) -> None:
         entry = {"run": self.run, "shard": shard, **plan.entry(), "written": written, "skipped": skipped,
-                 "scan": scan.to_json()}
+                 "scan": scan.to_json(), **({} if given is None else {"mapped": given})}
         self.files.write(self.record_url(shard), json.dumps(entry).encode())
         dict.__setitem__(self.done, shard, entry)
 
@@ -251,12 +262,16 @@ class RemoteProgress:
         pass
 
 
-def join_remote_index(index: str, world: int, files: RemoteFiles, known: dict[int, dict] | None = None) -> ShardIndex:
+def join_remote_index(index: str, world: int, files: RemoteFiles, known: dict[int, dict] | None = None,
+                      given: GivenKeys | None = None) -> ShardIndex:
     """The index of a finished run from its ranks' records at the destination, uploaded
-    to ``index`` (its offsets and places files first); raises naming what is missing.
-    ``known``: records this process holds already (not read again)."""
+    to ``index`` (its offsets and places files first); raises naming what is missing, or a
+    key a map gave to two shards (:func:`~.progress.check_given_keys`; ``given``: the keys
+    of the shards this process checked already). ``known``: records this process holds
+    already (not read again)."""
     known = known or {}
     runs, totals = {}, set()
+    mapped = False
     for rank in range(world):
         prefix = progress_path(index, rank, world)
         settings = files.read_json(f"{prefix}/settings.json")
@@ -267,10 +282,11 @@ def join_remote_index(index: str, world: int, files: RemoteFiles, known: dict[in
             raise ShardWriteError(f"rank {rank} of {world} has not finished (no {prefix}/end.json of its run)")
         runs[rank] = settings["run"]
         totals.add(end["shards"])
+        mapped = mapped or settings.get("map_name") is not None
     if len(totals) != 1:
         raise ShardWriteError(f"the ranks planned different numbers of shards: {sorted(totals)} (different input?)")
     total = totals.pop()
-    scans = []
+    scans, entries = [], []
     for shard in range(total):
         rank = shard % world
         entry = known.get(shard) if world == 1 else None
@@ -279,6 +295,9 @@ def join_remote_index(index: str, world: int, files: RemoteFiles, known: dict[in
         if entry is None or entry.get("run") != runs[rank]:
             raise ShardWriteError(f"shard {shard} of {total} is in no rank's record")
         scans.append(ShardScan.from_json(entry["scan"]))
+        entries.append(entry)
+    if mapped:
+        check_given_keys(entries, given)
     result = ShardIndex.from_scans(scans)
     folder = tempfile.mkdtemp(dir=files.spool)
     try:
@@ -372,7 +391,7 @@ class Uploads:
         if places is not None and places.names is not None:
             places = replace(places, version=version) if version is not None else ShardPlaces(None)
         moved = ShardScan(url, scan.nsamples, scan.filesize, scan.offsets, scan.repeated_keys, scan.keys, places)
-        return ShardResult(result.shard, moved, result.written, result.skipped)
+        return ShardResult(result.shard, moved, result.written, result.skipped, result.mapped)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

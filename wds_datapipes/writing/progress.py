@@ -15,7 +15,10 @@ rank has ended, with no read of the shards.
 A resume checks each recorded shard's plan against the input's (:meth:`ProgressLog.check_plan`:
 count, keys, field names and sizes) and, at the end, that the input still fills every shard
 the earlier run wrote (:func:`~.earlier.check_no_more_shards`); either difference is refused,
-naming the shard. What a run that does not resume does with an earlier run's shards (a
+naming the shard. With a ``map``, each shard's line also holds the keys the map gave
+(``"mapped"``), which :class:`GivenKeys` keeps unique over the whole output: the shards of
+this run, of the run it resumes (:func:`~.writer.write_shards` adds them as it reaches them)
+and of every rank (:func:`join_index`). What a run that does not resume does with an earlier run's shards (a
 restart removes the writer's own): :mod:`.earlier`.
 """
 
@@ -26,7 +29,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
-from itertools import chain
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -38,7 +41,8 @@ from ..shards.openers import backend_for, url_scheme
 from ..storage.cloud_settings import PipelineStores, with_stores
 from .earlier import refuse_foreign_beside, settle_earlier
 
-FORMAT = "wds_datapipes.writer_progress/2"  # /2: each shard's plan holds its samples' keys and sizes
+FORMAT = "wds_datapipes.writer_progress/3"  # /3: a map run's shard lines hold the keys the map gave
+_WITHOUT_MAP = "wds_datapipes.writer_progress/2"  # /2: the same lines where there is no map (read still)
 
 
 @dataclass(frozen=True)
@@ -73,9 +77,10 @@ class WriterSettings:
         another format (an older version's records hold no digest of each shard's samples, so a
         resume could not check that the input is the same)."""
         found = entry.get("format")
-        if found != FORMAT:
+        if found != FORMAT and not (found == _WITHOUT_MAP and entry.get("map_name") is None):
             raise ShardWriteError(f"{where} is of format {found!r}, not {FORMAT!r} (written by another "
-                                  "version of wds-datapipes): a resume cannot check it against the input; "
+                                  "version of wds-datapipes): a resume cannot check it against the input "
+                                  "(nor, with a map, the keys it gave); "
                                   "restart=True (--restart) writes everything again")
         return cls(**{k: v for k, v in entry.items() if k != "format"})
 
@@ -148,6 +153,45 @@ def _fields(sizes: list) -> str:
     return ", ".join(f"{name} {size} bytes" for name, size in sizes) or "none"
 
 
+class GivenKeys:
+    """The keys a ``map`` gave, each with the shard it went to, over every shard added: a key in
+    two shards is refused (:meth:`add`), whatever the handler (both shards are written by then).
+
+    A key costs one slot of a dict (about 40-70 bytes: tests/writing/test_map_keys_everywhere.py
+    measures it); the key's string and the shards' lists are the record's own (a shard's
+    record line holds them: ``"mapped"``, and the input keys of its plan)."""
+
+    def __init__(self):
+        self.shard_of: dict[str, int] = {}
+        self.shards: dict[int, tuple[list, list, str]] = {}  # shard -> (input keys, keys given, its URL)
+
+    def add(self, shard: int, inputs: list[str], given: list[str | None], url: str) -> None:
+        """Adds the keys the map gave in ``shard`` (``given``: one a planned input, None where it
+        wrote none; ``inputs``: the plan's input keys; ``url``: the shard). Raises
+        :class:`ShardWriteError` naming the key, both inputs and both shards where one of them is
+        in a shard added before (the keys of this one are then not added)."""
+        keys = list(filter(None, given))  # (a key is never empty: check_fields refuses it)
+        if not self.shard_of.keys().isdisjoint(keys):  # a C loop over the keys; the lookup below only on a repeat
+            at, key = next((at, key) for at, key in enumerate(given) if key is not None and key in self.shard_of)
+            first = self.shard_of[key]
+            first_inputs, first_given, first_url = self.shards[first]
+            raise ShardWriteError(
+                f"the map gave the key {key!r} to the input {inputs[at]!r} in shard {shard} ({url}) and to "
+                f"{first_inputs[first_given.index(key)]!r} in shard {first} ({first_url}) (keys must be unique: "
+                "readers would repeat them; a repeat across shards stops the run whatever the handler)",
+                shard=url, key=key, source=inputs[at])
+        self.shard_of.update(zip(keys, repeat(shard)))
+        self.shards[shard] = (inputs, given, url)
+
+    def add_entry(self, entry: dict) -> None:
+        """Adds a recorded shard's keys (its record line's ``"mapped"``)."""
+        if entry.get("mapped") is None:
+            raise ShardWriteError(f"shard {entry['shard']}'s record holds no keys the map gave (written by another "
+                                  "version of wds-datapipes): they cannot be checked unique; restart=True "
+                                  "(--restart) writes everything again", shard=entry["scan"]["url"])
+        self.add(entry["shard"], entry["samples"]["keys"], entry["mapped"], entry["scan"]["url"])
+
+
 def progress_path(index: str, rank: int, world: int) -> str:
     """Where rank ``rank`` of ``world`` keeps its progress, beside the index."""
     return f"{index}.rank{rank}-of-{world}.progress"
@@ -168,6 +212,7 @@ class ProgressLog:
         self.resumed = False  # whether an earlier run's record was read, to go on from
         self.earlier_end: int | None = None
         self.texts: dict[int, str] = {}  # each complete shard's record line, as written
+        self.given: GivenKeys | None = None  # with a map: the keys it gave in this rank's shards (the writer's)
         read = _read(path) if os.path.exists(path) else []
         lines = [entry for entry, _ in read]
         self.removed: list[str] = []  # a restart: the earlier run's shards it removed
@@ -215,8 +260,11 @@ class ProgressLog:
             raise ShardWriteError(f"the input changed since the earlier run: shard {shard}: {what}; "
                                   "restart=True (--restart) writes everything again", shard=entry["scan"]["url"])
 
-    def record(self, shard: int, plan: Plan, written: int, skipped: list[tuple[str, str]], scan: ShardScan) -> None:
-        entry = {"shard": shard, **plan.entry(), "written": written, "skipped": skipped, "scan": scan.to_json()}
+    def record(self, shard: int, plan: Plan, written: int, skipped: list[tuple[str, str]], scan: ShardScan,
+               given: list[str | None] | None = None) -> None:
+        """Appends a shard published (``given``: with a map, the keys it gave, one a planned input)."""
+        entry = {"shard": shard, **plan.entry(), "written": written, "skipped": skipped, "scan": scan.to_json(),
+                 **({} if given is None else {"mapped": given})}
         line = json.dumps(entry)
         self._append(line)
         self.done[shard], self.texts[shard], self.scans[shard] = entry, line, scan
@@ -289,14 +337,21 @@ def join_index(index: str, world: int, own: ProgressLog | None = None) -> ShardI
     """The index of a finished multi-rank (or one-rank) run, from its ranks' progress
     records, saved to ``index``; raises naming the ranks or shards still missing. ``own``:
     the ended log of the rank that joins, whose record is taken from memory, not read again
-    (its scans of this run as written, with the keys and suffixes the writer made)."""
+    (its scans of this run as written, with the keys and suffixes the writer made). Where
+    the run had a map, the keys it gave are checked unique over every shard (no index is
+    written where one is in two: :class:`GivenKeys`); those of the shards ``own`` checked
+    already (its ``given``) are not added again."""
     scans: dict[int, ShardScan] = {}
+    entries: dict[int, dict] = {}
     totals = set()
+    mapped = False
     for rank in range(world):
         if own is not None and own.ended is not None and own.settings.rank == rank and own.settings.world == world:
             totals.add(own.ended)
             scans.update({n: own.scans[n] if n in own.scans else ShardScan.from_json(e["scan"])
                           for n, e in own.done.items()})
+            entries.update(own.done)
+            mapped = mapped or own.settings.map_name is not None
             continue
         path = progress_path(index, rank, world)
         if not os.path.exists(path):
@@ -306,18 +361,32 @@ def join_index(index: str, world: int, own: ProgressLog | None = None) -> ShardI
         if not ends:
             raise ShardWriteError(f"rank {rank} of {world} has not finished ({path!r} has no end line)")
         totals.add(ends[-1])
+        mapped = mapped or lines[0].get("map_name") is not None
         for entry in lines[1:]:
             if "shard" in entry:
                 scans[entry["shard"]] = ShardScan.from_json(entry["scan"])
+                entries[entry["shard"]] = entry
     if len(totals) != 1:
         raise ShardWriteError(f"the ranks planned different numbers of shards: {sorted(totals)} (different input?)")
     total = totals.pop()
     missing = [n for n in range(total) if n not in scans]
     if missing:
         raise ShardWriteError(f"shards {missing[:10]} of {total} are in no rank's record")
+    if mapped:
+        check_given_keys([entries[n] for n in range(total)], own.given if own is not None else None)
     result = ShardIndex.from_scans([scans[n] for n in range(total)], relative_to=index)
     result.save(index)
     return result
 
 
-__all__ = ["FORMAT", "Plan", "ProgressLog", "WriterSettings", "join_index", "progress_path"]
+def check_given_keys(entries: list[dict], given: GivenKeys | None = None) -> None:
+    """Raises where a key a map gave is in two of these shards' record lines (in shard order;
+    those ``given`` holds already are not added again)."""
+    given = given if given is not None else GivenKeys()
+    for entry in entries:
+        if entry["shard"] not in given.shards:
+            given.add_entry(entry)
+
+
+__all__ = ["FORMAT", "GivenKeys", "Plan", "ProgressLog", "WriterSettings", "check_given_keys", "join_index",
+           "progress_path"]

@@ -56,9 +56,23 @@ _BUFFER = 1 << 20
 PROBLEMS = "__problems__"  # an input reader's reasons why a sample cannot be written
 
 
+# The integer fields' suffixes: decoding.values' _INT, which its encoders write as decimal digits
+# (tests/writing/test_encode_without_torch.py compares the two).
+_DIGITS = frozenset(("cls", "cls2", "class", "count", "index", "inx", "id"))
+
+
 def encode_value(suffix: str, value: Any, *, allow_pickle: bool = False) -> bytes:
-    """:func:`wds_datapipes.decoding.encoding.encode_value`, imported at the first value to encode: it
-    imports torch and Pillow, which shards of files need neither of (``create`` starts without them)."""
+    """:func:`wds_datapipes.decoding.encoding.encode_value`, imported at the first value that needs
+    it: it imports torch and Pillow (2-3 s), which shards of files with text and integer labels
+    (a folder, an ImageFolder tree's ``cls``) need neither of. Its first rules are taken here:
+    bytes as they are, a str as UTF-8, an int in an integer field as its digits."""
+    kind = type(value)
+    if kind is bytes:
+        return value
+    if kind is str:
+        return value.encode("utf-8")
+    if kind is int and suffix.rpartition(".")[2].lower() in _DIGITS:  # (type is int: not a bool)
+        return str(value).encode("ascii")
     return _encoding().encode_value(suffix, value, allow_pickle=allow_pickle)
 
 
@@ -150,7 +164,7 @@ class ShardResult:
     scan: ShardScan
     written: int
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (input, why)
-    mapped: dict[str, str] | None = None  # with a map: each key it gave, and its input (checked across shards)
+    mapped: list[str | None] | None = None  # with a map: the key it gave each input (None: none written)
 
 
 class _Output:
@@ -224,16 +238,25 @@ class _Output:
         sync, so it reaches the disk with it), syncs where asked, closes."""
         self.flush()
         if mtime_ns is not None:
-            set_mtime(self.fd if os.utime in os.supports_fd else self.path, mtime_ns)
+            set_mtime(self.fd if os.utime in os.supports_fd else self.path, mtime_ns, self.path)
         if fsync:
             os.fsync(self.fd)
-        os.close(self.fd)
+        fd, self.fd = self.fd, -1  # closed: a failure after this must not close the number again (reused by then)
+        os.close(fd)
 
 
-def set_mtime(target: int | str, mtime_ns: int) -> None:
+def set_mtime(target: int | str, mtime_ns: int, path: str | None = None) -> None:
     """Sets a file's modification time (by fd or path) to ``mtime_ns``; its access time to now
-    (a cleaner of old temporary files that goes by access times leaves it alone)."""
-    os.utime(target, ns=(time.time_ns(), mtime_ns))
+    (a cleaner of old temporary files that goes by access times leaves it alone). Raises
+    :class:`ShardWriteError` naming the file (``path``) where the file system refuses."""
+    try:
+        os.utime(target, ns=(time.time_ns(), mtime_ns))
+    except OSError as exn:
+        where = path if path is not None else target
+        raise ShardWriteError(f"cannot set the file's modification time ({exn.strerror or exn}): the writer gives "
+                              "each shard a time drawn from what it holds (its index records it, to tell a shard "
+                              "changed since); write the shards to a file system that can set times "
+                              "(some network and FUSE mounts cannot)", shard=str(where)) from None
 
 
 def shard_mtime(mtime: int, names: list[str], sizes: np.ndarray, values_crc: int) -> int:
@@ -282,15 +305,18 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
     counts: list[int] = []  # members per written sample
     skipped: list[tuple[str, str]] = []
     keys = _Keys()
+    given: list[str | None] | None = [] if map_fn is not None else None  # the key the map gave each input
     try:
         for sample in samples:
             key = sample.get("__key__")
             start, kept, last, crc = out.pos, len(members), keys.last, keys.crc
             try:
-                _write_sample(out, sample, key, options, map_fn, members, skipped, checked, keys)
+                wrote = _write_sample(out, sample, key, options, map_fn, members, skipped, checked, keys)
                 if len(members) > kept:
                     starts.append(start)
                     counts.append(len(members) - kept)
+                if given is not None:
+                    given.append(wrote)
             except Exception as exn:  # noqa: BLE001 (any failure of one sample: cut it out, then the handler decides)
                 source = str(sample.get("__source__", key))
                 out.cut_back(start)
@@ -302,6 +328,8 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
                     source=source)
                 handler(error)
                 skipped.append((source, error.reason or str(error)))
+                if given is not None:
+                    given.append(None)
         out.write(END)
         count = len(members)  # (itemgetter, not zip(*members): no iterator a member for the collector to count)
         names = list(map(itemgetter(0), members))
@@ -310,7 +338,7 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
         out.close(options.fsync and options.compression is None, when if options.compression is None else None)
         if options.compression is not None:
             compress_file(part, part + ".z", options.compression, options.fsync)
-            set_mtime(part + ".z", when)  # after its sync: a crash that loses it leaves a shard the record does not match
+            set_mtime(part + ".z", when, part + ".z")  # after its sync: a crash that loses it leaves a shard the record does not match
             os.replace(part + ".z", part)
     except BaseException:
         if out.fd >= 0:
@@ -328,7 +356,7 @@ def write_shard(shard: int, path: str, samples: list[dict], options: MemberOptio
     else:
         scan = ShardScan(path, len(starts), stamp[0], np.asarray(starts, dtype=np.int64),
                          places=_places(path, members, names, sizes, counts, stamp, keys))
-    return ShardResult(shard, scan, len(starts), skipped, keys.mapped if map_fn is not None else None)
+    return ShardResult(shard, scan, len(starts), skipped, given)
 
 
 class _Keys:
@@ -363,13 +391,14 @@ def _places(path: str, members: list[tuple[str, int, int]], names: list[str], si
 
 
 def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, map_fn, members: list,
-                  skipped: list, checked: bool | None, keys: _Keys) -> None:
+                  skipped: list, checked: bool | None, keys: _Keys) -> str | None:
+    """Writes one sample's members; the key written (None where the map left it out)."""
     if map_fn is not None:
         source = str(sample.get("__source__", key))
         mapped = map_fn(_loaded(sample))
         if mapped is None:
             skipped.append((source, "left out by the map function"))
-            return
+            return None
         sample, key = mapped, mapped.get("__key__", key)
     fields = [name for name in sample if not name.startswith("_")]
     check = map_fn is not None or checked is None
@@ -400,6 +429,8 @@ def _write_sample(out: _Output, sample: dict, key: Any, options: MemberOptions, 
         keys.written.append(key)
         if map_fn is not None:
             keys.mapped[key] = source
+        return key
+    return None
 
 
 def _remove(path: str) -> None:

@@ -35,7 +35,15 @@ from . import destination as dest
 from .compress import check_compression, compression_of
 from .earlier import check_no_more_shards
 from .plan import Counted, ShardPlanner, row_shard, sample_cost, writes_shard
-from .progress import Plan, ProgressLog, WriterSettings, join_index, progress_path
+from .progress import (
+    GivenKeys,
+    Plan,
+    ProgressLog,
+    WriterSettings,
+    check_given_keys,
+    join_index,
+    progress_path,
+)
 from .shard_file import PROBLEMS, FileBytes, MemberOptions, ShardResult, check_fields, write_shard
 
 logger = logging.getLogger("wds_datapipes")
@@ -105,7 +113,11 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
         rank, world: this process's part of a multi-machine run: it writes shards
             ``n % world == rank``. The index is joined once every rank has finished
             (``join_index``, or ``join=True`` on the last).
-        mtime, mode: the members' header fields (deterministic defaults).
+        mtime, mode: the members' header fields (deterministic defaults). Each shard file's
+            modification time is ``mtime`` too, plus under a second drawn from what it holds:
+            0 is 1970, which a scratch file system's purge by modification time takes for
+            old; give a fixed time of your own (the dataset's release, the run's first day),
+            the same on every resume (docs/writing-resume.md).
         fsync: sync each shard to disk before its rename (a machine that goes down then
             never leaves a renamed shard with missing bytes).
         restart: start over: ignore an earlier run's progress, remove its shards (those named
@@ -138,7 +150,8 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
     """
     started = time.monotonic()
     stores = PipelineStores.of(store)
-    index = index or os.path.join(os.path.dirname(pattern) or ".", "index.json")
+    check_pattern_and_mtime(pattern, mtime)
+    index = index or os.path.join(shards_folder(pattern), "index.json")
     compression = check_compression(compression or compression_of(pattern))
     settings = WriterSettings(pattern, maxcount, maxsize, rank, world, mtime, mode, allow_pickle,
                               None if map is None else f"{map.__module__}.{map.__qualname__}", compression)
@@ -150,7 +163,7 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
     files = dest.RemoteFiles(folder, tries, stores) if folder is not None else None
     try:
         if not remote:
-            os.makedirs(os.path.dirname(pattern) or ".", exist_ok=True)
+            os.makedirs(shards_folder(pattern), exist_ok=True)
         if files is not None and dest.is_remote(index):
             log = dest.RemoteProgress(index, rank, world, settings, files, restart)
         else:
@@ -161,6 +174,10 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
         publish = dest.Uploads(pattern, uploads, tries, stores) if remote else None
         try:
             with _Shards(workers, options, handler, map, local, publish) as pool:
+                log.given = pool.given
+                if pool.given is not None and isinstance(log, ProgressLog):  # an earlier run's shards first: a
+                    # new shard that repeats one of their keys is then the one removed, in whatever order
+                    check_given_keys([log.done[n] for n in sorted(log.done)], pool.given)
                 try:
                     total = _run(samples, settings, require, handler, log, pool, report, progress, max_field_bytes)
                     for result, plan in pool.drain():
@@ -168,7 +185,8 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
                 except BaseException:
                     for result, plan in publish.salvage() if publish is not None else ():
                         with contextlib.suppress(Exception):  # kept for the resume; the first error is raised
-                            log.record(result.shard, plan, result.written, result.skipped, result.scan)
+                            log.record(result.shard, plan, result.written, result.skipped, result.scan,
+                                       result.mapped)
                     raise
             check_no_more_shards(pattern, rank, world, log, total, stores)
             log.end(total)
@@ -177,14 +195,33 @@ def write_shards(samples: Iterable[dict], pattern: str, *, maxcount: int | None 
             if publish is not None:
                 publish.close()
         if join if join is not None else world == 1:
-            joined = (dest.join_remote_index(index, world, files, log.done) if isinstance(log, dest.RemoteProgress)
-                      else join_index(index, world, own=log))
+            joined = (dest.join_remote_index(index, world, files, log.done, log.given)
+                      if isinstance(log, dest.RemoteProgress) else join_index(index, world, own=log))
             report.index = joined.with_store(stores)
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
     report.seconds = time.monotonic() - started
     return report
+
+
+def shards_folder(pattern: str) -> str:
+    """The folder of a shard pattern's files (``%%`` there is a ``%``, as ``pattern % n`` makes it)."""
+    return os.path.dirname(pattern).replace("%%", "%") or "."
+
+
+def check_pattern_and_mtime(pattern: str, mtime: int) -> None:
+    """Raises :class:`ShardWriteError` naming the pattern where its shard number is in the folder
+    part (``out/%d/s.tar``: an earlier run's shards are found by listing one folder), and
+    :class:`ValueError` where ``mtime`` is no time a tar header holds (0 to 8**11 - 1 seconds)."""
+    folder = os.path.dirname(pattern)
+    if "%" in folder.replace("%%", ""):
+        raise ShardWriteError(f"the pattern's folder {folder!r} holds a % field: the shard number goes in the file "
+                              "name (out/s-%06d.tar), so that an earlier run's shards are found in one folder "
+                              "(what a resume, a restart and a fresh run check)", shard=pattern)
+    if type(mtime) is not int or not 0 <= mtime < 8**11:
+        raise ValueError(f"mtime must be whole seconds since 1970 from 0 to {8**11 - 1} (a tar header's field), "
+                         f"not {mtime!r}")
 
 
 class _Skipped:
@@ -331,6 +368,8 @@ def _dispatch(shard: int, samples: list[dict | None], facts: list, settings: Wri
     if shard in log.done:
         log.check_plan(shard, plan)
         entry = log.done[shard]
+        if pool.given is not None and shard not in pool.given.shards:  # (a remote record: read as reached)
+            pool.given.add_entry(entry)
         report.read += entry["planned"]
         report.written += entry["written"]
         report.skipped += [tuple(s) for s in entry["skipped"]]
@@ -345,7 +384,7 @@ def _dispatch(shard: int, samples: list[dict | None], facts: list, settings: Wri
 
 
 def _record(log: ProgressLog, report: WriteReport, result: ShardResult, plan: Plan, progress) -> None:
-    log.record(result.shard, plan, result.written, result.skipped, result.scan)
+    log.record(result.shard, plan, result.written, result.skipped, result.scan, result.mapped)
     report.read += plan.planned
     report.written += result.written
     report.skipped += result.skipped
@@ -382,7 +421,7 @@ class _Shards:
         self.workers, self.options, self.handler, self.map_fn = workers, options, handler, map_fn
         self.pattern, self.publish = pattern, publish
         self.plans: dict[int, Plan] = {}
-        self.mapped: dict[str, tuple[int, str]] = {}  # with a map: each key it gave, its shard and input
+        self.given = GivenKeys() if map_fn is not None else None  # with a map: the keys it gave, over every shard
         self.pending: set[Future] = set()
         self.pool: ProcessPoolExecutor | None = None
 
@@ -420,25 +459,24 @@ class _Shards:
         finished = []
         for result in results:
             plan = self.plans.pop(result.shard)
-            if result.mapped:
-                self._check_mapped(result)
+            if self.given is not None:
+                self._check_mapped(result, plan)
             finished += [(result, plan)] if self.publish is None else self.publish.add(result, plan)
         return finished
 
-    def _check_mapped(self, result: ShardResult) -> None:
+    def _check_mapped(self, result: ShardResult, plan: Plan) -> None:
         """Stops the run where the map gave a key of this shard in another shard too (each
-        shard's worker checks its own): the shard finished second is removed, whatever the
-        handler (both are written by then: neither sample can be skipped any more)."""
-        for key, source in result.mapped.items():  # type: ignore[union-attr]
-            if key in self.mapped:
-                shard, first = self.mapped[key]
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.pattern % result.shard)
-                raise ShardWriteError(f"the map gave the key {key!r} to this input in shard {result.shard} and to "
-                                      f"{first!r} in shard {shard} (keys must be unique: readers would repeat "
-                                      "them; a repeat across shards stops the run whatever the handler)",
-                                      shard=self.pattern % result.shard, key=key, source=source)
-        self.mapped.update((key, (result.shard, source)) for key, source in result.mapped.items())  # type: ignore[union-attr]
+        shard's worker checks its own; an earlier run's shards are added first, or, recorded at
+        a remote destination, as the plan reaches them): this shard, finished second, is
+        removed, not recorded, whatever the handler (both are written by then: neither sample
+        can be skipped any more)."""
+        try:
+            final = self.publish.pattern if self.publish is not None else self.pattern  # where it is stored
+            self.given.add(result.shard, plan.samples["keys"], result.mapped, final % result.shard)  # type: ignore[union-attr, arg-type]
+        except ShardWriteError:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.pattern % result.shard)
+            raise
 
     def __exit__(self, *exc) -> None:
         if self.pool is not None:
