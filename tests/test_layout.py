@@ -24,6 +24,7 @@ ROOMS_BELOW = {
     "epochs": {"basics", "stats", "tar", "storage", "shards"},
     "loaders": {"basics", "stats", "epochs"},
     "writing": {"basics", "stats", "tar", "storage", "shards", "decoding", "epochs"},
+    "tools": {"basics", "stats", "tar", "storage", "shards", "cache", "pipes", "decoding", "epochs", "loaders"},
 }
 TOP = {"wds_datapipes", "wds_datapipes.__main__", "wds_datapipes.cli", "wds_datapipes._retired"}  # may import any room
 

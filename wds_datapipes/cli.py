@@ -1,4 +1,4 @@
-"""The command line: ``python -m wds_datapipes index | inspect | verify | create``.
+"""The command line: ``python -m wds_datapipes index | inspect | verify | create | profile``.
 
 - ``index URLS -o index.json``: count every shard's samples (and where each starts) into a
   shard index; several shards at a time, a progress bar, and a restart that skips the
@@ -13,6 +13,8 @@
   (it is fetched again). A directory that does not exist (or another user's): exit status 2.
 - ``create SOURCE -o out/train-%06d.tar``: write shards and their index in one pass from
   folders, manifests or shards (:mod:`wds_datapipes.writing.command`).
+- ``profile SHARDS --recipe NAME``: each stage alone and the pipeline whole with 1 and N
+  loader workers, measured by ``wd.stats``; which stage limits (:mod:`wds_datapipes.tools.profile`).
 
 Each takes ``--endpoint URL`` and ``--store-option KEY=VALUE`` for its ``s3://``, ``gs://``
 and ``az://`` URLs (:mod:`wds_datapipes.storage.store_options`).
@@ -29,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from .storage.store_options import add_store_arguments, store_of_arguments
+from .tools.profile import add_profile_command
 from .writing.command import add_create_command
 
 if TYPE_CHECKING:
@@ -122,6 +125,7 @@ def _parser(prog: str | None = None) -> argparse.ArgumentParser:
     add_store_arguments(verify)
     verify.set_defaults(run=_verify)
     add_create_command(commands)
+    add_profile_command(commands)
     return parser
 
 

@@ -52,3 +52,20 @@ def fork_loader(dp, workers: int = 2, **options):
 
     return torch.utils.data.DataLoader(dp, batch_size=None, num_workers=workers, multiprocessing_context="fork",
                                        **options)
+
+
+def decode_seconds(jpeg: bytes) -> float:
+    """The time one decode of ``jpeg`` takes here, as ``decode`` does it: simplejpeg, Pillow where
+    it is missing (the slow-decoding tests' oracle)."""
+    import time
+
+    try:
+        import simplejpeg
+    except ImportError:  # an optional dependency of the decoder's
+        simplejpeg = None
+    began = time.perf_counter()
+    if simplejpeg is not None:
+        simplejpeg.decode_jpeg(jpeg, colorspace="RGB")
+    else:
+        Image.open(io.BytesIO(jpeg)).convert("RGB").load()
+    return time.perf_counter() - began

@@ -5,19 +5,12 @@ under a real DataLoader with two workers and names its independent measure of th
 from __future__ import annotations
 
 import collections
-import io
 import os
 import time
 
 import torch
-from PIL import Image
-
-try:
-    import simplejpeg
-except ImportError:  # an optional dependency of the decoder's
-    simplejpeg = None
 from shard_server import ShardServer
-from stats_data import fork_loader, write_jpeg_shards, write_shards
+from stats_data import decode_seconds, fork_loader, write_jpeg_shards, write_shards
 
 import wds_datapipes as wd
 
@@ -53,7 +46,7 @@ def test_slow_decoding_names_decoding_and_decode_threads(tmp_path, stats_on):
     of five here: the decode stage took at least half of that for each image."""
     paths = write_jpeg_shards(tmp_path, 2, 8, side=1600)
     jpeg = next(iter(wd.ShardLister(paths[:1]).load_tar().group_by_key()))["jpg"]
-    alone = min(_decode_seconds(jpeg) for _ in range(5))
+    alone = min(decode_seconds(jpeg) for _ in range(5))
     dp = wd.ShardLister(paths).load_tar().group_by_key().decode("rgb8").batch_samples(4)
     batches = _read_all(fork_loader(dp))
     s = wd.stats.snapshot()
@@ -61,15 +54,6 @@ def test_slow_decoding_names_decoding_and_decode_threads(tmp_path, stats_on):
     assert len(batches) == 4 and d.data_limits and d.stage == "decode", wd.stats.report(s)
     assert d.setting == "decode_threads" and s.stages["decode"].items == 16
     assert s.stages["decode"].seconds >= 0.5 * 16 * alone
-
-
-def _decode_seconds(jpeg: bytes) -> float:
-    began = time.perf_counter()
-    if simplejpeg is not None:
-        simplejpeg.decode_jpeg(jpeg, colorspace="RGB")
-    else:
-        Image.open(io.BytesIO(jpeg)).convert("RGB").load()
-    return time.perf_counter() - began
 
 
 def slow_label(value: bytes) -> int:
