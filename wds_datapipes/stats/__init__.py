@@ -24,18 +24,27 @@ counters: stage, source, scheme, worker and rank are the snapshot's keys); ``ena
 factory)`` for the timed intervals as they happen, in every process that measures (a trace of
 the workers' stages, ``torch.profiler`` ranges: see :mod:`.probe`); :func:`read_records` and
 :func:`build` for the raw per-process records; :data:`STAGES` and :data:`ALL_STAGES` for the
-stage names.
+stage names. The exporters built on them are in :mod:`.export` (their names are here too):
+:func:`to_tensorboard`, :func:`serve_prometheus` and :class:`StatsCollector`,
+:class:`ProfilerRanges`, :class:`TraceFile`, :func:`observers`.
 """
 
 from __future__ import annotations
 
-import os
-
+from .export import (
+    ProfilerRanges,
+    PrometheusEndpoint,
+    StatsCollector,
+    TraceFile,
+    observers,
+    serve_prometheus,
+    to_tensorboard,
+)
 from .ranks import gather_ranks, rank_stats
-from .recorder import read_records, recorder_for, register_counters
+from .recorder import read_records, register_counters
 from .report import Diagnosis, diagnose
 from .report import report as _report_text
-from .settings import StatsSettings, current_settings, disable, enable, enabled
+from .settings import StatsSettings, disable, enable, enabled
 from .snapshot import (
     MixStats,
     RanksStats,
@@ -47,6 +56,7 @@ from .snapshot import (
     WorkerStats,
     build,
 )
+from .snapshot import current as _current
 from .tallies import ALL_STAGES, STAGES
 from .wait import watch
 from .watchdog import stacks
@@ -56,12 +66,7 @@ def snapshot() -> Snapshot:
     """What this run measured so far, in this process and its loader workers (an empty,
     ``enabled=False`` snapshot when stats are off). Workers' counts are at most ``interval_s``
     old, and complete once their epoch ended."""
-    settings = current_settings()
-    if settings is None:
-        return Snapshot()
-    recorder = recorder_for(settings)
-    ranks = recorder.ranks if recorder is not None else None
-    return build(read_records(settings), enabled=True, cpus=_cpus(), ranks=ranks)
+    return _current()
 
 
 def report(numbers: Snapshot | None = None) -> str:
@@ -70,24 +75,21 @@ def report(numbers: Snapshot | None = None) -> str:
     return _report_text(numbers if numbers is not None else snapshot())
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 __all__ = [
     "ALL_STAGES",
     "STAGES",
     "Diagnosis",
     "MixStats",
+    "ProfilerRanges",
+    "PrometheusEndpoint",
     "RankStats",
     "RanksStats",
     "Snapshot",
     "SourceStats",
     "StageStats",
+    "StatsCollector",
     "StatsSettings",
+    "TraceFile",
     "WaitStats",
     "WorkerStats",
     "build",
@@ -96,11 +98,14 @@ __all__ = [
     "enable",
     "enabled",
     "gather_ranks",
+    "observers",
     "rank_stats",
     "read_records",
     "register_counters",
     "report",
+    "serve_prometheus",
     "snapshot",
     "stacks",
+    "to_tensorboard",
     "watch",
 ]

@@ -61,7 +61,10 @@ class Sampler:
         self._a0 = 0
 
     def start(self) -> int:
-        self._a0 = self.probe.accounted
+        probe = self.probe
+        self._a0 = probe.accounted
+        if probe.live:
+            probe.observer.begin(self.name, self.label)
         return _now()
 
     def stop(self, t0: int) -> int:
@@ -90,6 +93,8 @@ class Sampler:
             stage.bytes += nbytes * n
             self.io.sampled(n, weighted, nbytes * n)
         if probe.observer is not None:
+            if probe.live:
+                probe.observer.end(self.name, self.label)
             probe.observer.span(self.name, self.label, t1 - ns, t1)
 
     def tick(self) -> int:
@@ -174,6 +179,8 @@ class Sampler:
                         item = nxt()
                     except StopIteration:
                         self.due = 1  # the timed next() found the end: time the next item instead
+                        if self.probe.live:
+                            self.probe.observer.end(self.name, self.label)
                         return
                     self.stop(t0)
                 n += 1
@@ -197,6 +204,8 @@ class BatchMeter:
 
     def begin(self) -> int:
         self._collate_ns = 0
+        if self.probe.live:
+            self.probe.observer.begin("decode", "")
         return _now()
 
     def collating(self) -> int:
@@ -216,6 +225,8 @@ class BatchMeter:
         decode.items += samples
         decode.exact_ns += t1 - t0 - collate
         self.batch.exact_ns += collate
+        if self.probe.live:
+            self.probe.observer.end("decode", "")
         self.probe.claim("decode", "", t0, t1)
 
 

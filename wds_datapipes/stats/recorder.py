@@ -150,7 +150,7 @@ class Recorder:
                   "rank": self.rank, "world": self.world, "worker": self.worker, "workers": self.workers,
                   "wall_ns": self.last_ns - self.started_ns, "other_ns": self.other_ns, "pulls": self.pulls,
                   "stages": stages, "sources": sources, "schemes": schemes, "mixtures": mixtures,
-                  "counters": counters, "cpus": _cpus()}
+                  "counters": counters, "cpus": cpus()}
         if self.wait is not None:
             record["wait"] = self.wait.row()
         return record
@@ -256,7 +256,8 @@ def _identity(settings: StatsSettings) -> tuple[int, int, int, int]:
     return (rank, world, -1, 0) if settings.owner == os.getpid() else (rank, world, -2, 0)
 
 
-def _cpus() -> int:
+def cpus() -> int:
+    """The CPUs this process may use."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -1,7 +1,8 @@
 """The snapshot: plain, picklable numbers per stage, source, scheme, worker, mixture, and the trainer's wait.
 
 :func:`build` sums the records of a run's processes (:mod:`.recorder`) into a
-:class:`Snapshot`; it is pure (records in, numbers out). Times are seconds of the
+:class:`Snapshot`; it is pure (records in, numbers out). :func:`current` reads the current
+run's records and builds it (what ``wd.stats.snapshot()`` and the exporters call). Times are seconds of the
 processes that ran the pipes (loader workers, or the training process itself), summed over
 them: with 4 workers busy for 10 s, the stages add up to about 40 s.
 """
@@ -12,6 +13,8 @@ import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
+from .recorder import cpus, read_records, recorder_for
+from .settings import current_settings
 from .tallies import ALL_STAGES, STAGES, SourceTally, StageTally
 
 _NS = 1e-9
@@ -247,6 +250,16 @@ def _worker_minus(worker: WorkerStats, earlier: WorkerStats | None) -> WorkerSta
 
 
 # ---------------------------------------------------------------- building one from the records
+
+
+def current() -> Snapshot:
+    """The current run's snapshot, from every process's record (empty, ``enabled=False``, when stats are off)."""
+    settings = current_settings()
+    if settings is None:
+        return Snapshot()
+    recorder = recorder_for(settings)
+    ranks = recorder.ranks if recorder is not None else None
+    return build(read_records(settings), enabled=True, cpus=cpus(), ranks=ranks)
 
 
 def build(records: list[dict], enabled: bool = True, cpus: int = 1, ranks: RanksStats | None = None) -> Snapshot:

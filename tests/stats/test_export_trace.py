@@ -1,0 +1,97 @@
+"""The Chrome / Perfetto trace file: loaded as JSON (the Trace Event Format's fields), its events
+per worker process checked against the loader's worker pids and a wall clock taken outside the
+library."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from stats_data import fork_loader, write_shards
+
+import wds_datapipes as wd
+
+
+class _Pids:
+    """A DataLoader worker_init_fn that notes each worker's pid in a folder (picklable)."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def __call__(self, worker: int) -> None:
+        with open(os.path.join(self.folder, f"{worker}"), "w") as out:
+            out.write(str(os.getpid()))
+
+
+def test_each_worker_has_its_track_within_the_runs_wall_clock(tmp_path):
+    """Oracles: the worker pids DataLoader's workers report themselves (worker_init_fn), the
+    training process's perf_counter_ns around the loop (CLOCK_MONOTONIC, the clock of every
+    process), the shards opened (one each), the JSON format that chrome://tracing reads."""
+    paths = write_shards(tmp_path / "data", 6, 20, size=2000)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    trace = wd.stats.TraceFile(tmp_path / "run.trace.json", interval_s=0.1)
+    wd.stats.enable(observer=trace)
+    try:
+        dp = wd.ShardLister(paths).load_tar().group_by_key().map_fields({"cls": int}).batch_samples(5)
+        began = time.perf_counter_ns()
+        batches = list(wd.stats.watch(fork_loader(dp, worker_init_fn=_Pids(str(pids)))))
+        ended = time.perf_counter_ns()
+        written = trace.write()
+    finally:
+        wd.stats.disable()
+    assert sum(len(b["__key__"]) for b in batches) == 120
+    data = json.loads(Path(written).read_text())
+    events = data["traceEvents"]
+    workers = {int(p.read_text()): int(p.name) for p in pids.iterdir()}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == set(workers)  # the training process read no pipe: no track
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {pid: f"rank 0 worker {worker} (pid {pid})" for pid, worker in workers.items()}
+    for e in spans:
+        assert e["cat"] == "wds_datapipes" and isinstance(e["tid"], int) and e["dur"] >= 0
+        assert began / 1000 <= e["ts"] and e["ts"] + e["dur"] <= ended / 1000 + 1e-3
+    per_worker = collections.Counter((e["pid"], e["name"]) for e in spans)
+    assert sum(per_worker[(pid, "open")] for pid in workers) == 6
+    for pid in workers:
+        assert {"list", "open", "read", "tar", "transform", "batch"} <= {name for p, name in per_worker if p == pid}
+    opened = sorted(e["args"]["source"] for e in spans if e["name"] == "open")
+    assert len(set(opened)) == 1  # one shard list: one source label
+
+
+def test_the_training_process_reading_its_pipes_has_a_track(tmp_path):
+    """No loader workers: the spans are the training process's, every read inside the loop's
+    wall clock (oracles: os.getpid(), perf_counter_ns around it, the shard sizes' read count)."""
+    paths = write_shards(tmp_path / "data", 2, 10, size=500)
+    trace = wd.stats.TraceFile(tmp_path / "own.json")
+    wd.stats.enable(observer=trace)
+    try:
+        began = time.perf_counter_ns()
+        got = list(torch.utils.data.DataLoader(wd.ShardLister(paths).load_tar().group_by_key(), batch_size=None))
+        ended = time.perf_counter_ns()
+        events = json.loads(Path(trace.write()).read_text())["traceEvents"]
+    finally:
+        wd.stats.disable()
+    assert len(got) == 20
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {os.getpid()}
+    assert all(began / 1000 <= e["ts"] <= e["ts"] + e["dur"] <= ended / 1000 + 1e-3 for e in spans)
+    assert sum(e["name"] == "open" for e in spans) == 2
+    assert [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"] == [
+        f"rank 0 training process (pid {os.getpid()})"]
+
+
+def test_write_needs_the_run(tmp_path):
+    """After disable() the parts are gone with the run folder: write says so instead of an empty file."""
+    trace = wd.stats.TraceFile(tmp_path / "late.json")
+    try:
+        trace.write()
+    except RuntimeError as exn:
+        assert "disable()" in str(exn)
+    else:
+        raise AssertionError("write() with stats off made a file")
+    assert not (tmp_path / "late.json").exists()
