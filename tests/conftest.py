@@ -76,3 +76,15 @@ def sized_shards(tmp_path: Path) -> Callable[..., list[str]]:
 
     return make
 
+
+
+@pytest.fixture
+def no_cache_left_on(monkeypatch):
+    """No proxy between a test and its local servers, and the shard cache off again after it
+    (the cache's tests, and the HTTP tests that turn it on)."""
+    import wds_datapipes as wd
+
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    wd.set_cache(None)

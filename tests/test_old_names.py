@@ -181,3 +181,73 @@ def test_usable_stamp_is_none_where_a_shard_has_no_places_or_is_not_local():
 
     assert usable_stamp(Places(), 0, "/data/a.tar", 10) is None
     assert usable_stamp(Places(), 1, "http://host/a.tar", 10) is None
+
+
+# Oracle: the public names of the shard cache's modules when they sat in shards/ (4e370db, the
+# commit before the cache got its own room), listed as OLD_NAMES was: an ast walk of each top level.
+OLD_CACHE_NAMES = {
+    "shards.cache": (
+        "CacheDirectoryError CacheSettings CacheStats DIR_ENV DISABLED LIMIT_ENV LOCAL_ENV Limits REVALIDATE_ENV "
+        "STATS Store cache_stats cached_copy fault get_cache get_limits keeps log_cache_stats logger "
+        "make_directory openers parse_size register_counters set_cache verify verify_cache"
+    ),
+    "shards.cache_settings": "CacheSettings parse_size",
+    "shards.cache_store": (
+        "BOOT CacheSettings DISABLED Download LEDGER_ROOM Limits LocalCopy ReadAlong STATS Store add create_new "
+        "fault key_of logger make_directory object_identity open_existing openers own_download probe_alive "
+        "publish release_lock tar_problem try_lock unlink verify"
+    ),
+    "shards.cache_streams": (
+        "BLOCK CHUNK CacheStats DOWNLOADS Download Limits LocalCopy ReadAlong STATS ShardReadError WdsError add "
+        "compression iter_tar_members logger openers own_download probe_alive tar_problem"
+    ),
+}
+
+
+def _forget(module: str) -> None:
+    """As if ``module`` was never imported: an import then finds it afresh (and warns)."""
+    sys.modules.pop(module, None)
+    package, _, name = module.rpartition(".")
+    if package in sys.modules:
+        vars(sys.modules[package]).pop(name, None)  # an import sets it on its package too
+
+
+@pytest.mark.parametrize("old", sorted(OLD_CACHE_NAMES))
+def test_every_name_of_the_shard_cache_s_old_modules_resolves_there_with_a_warning(old):
+    _forget(f"wds_datapipes.{old}")
+    with pytest.warns(DeprecationWarning, match=f"wds_datapipes.{old} moved: its names are in wds_datapipes.cache."):
+        module = importlib.import_module(f"wds_datapipes.{old}")
+    missing = [name for name in OLD_CACHE_NAMES[old].split() if not hasattr(module, name)]
+    assert missing == [], f"wds_datapipes.{old} lost {missing}"
+
+
+def test_the_shard_cache_s_old_paths_are_the_same_objects_and_old_pickles_load():
+    """Oracle for the pickles: protocol 0 names a class by its module path in plain text, so today's
+    pickle with the old path put in its place is the bytes a pickle made before the move held."""
+    import pickle
+
+    import wds_datapipes as wd
+    from wds_datapipes.cache import layer, store
+
+    _forget("wds_datapipes.shards.cache")
+    _forget("wds_datapipes.shards.cache_store")
+    with pytest.warns(DeprecationWarning, match="wds_datapipes.shards.cache moved"):
+        from wds_datapipes.shards import cache as old_cache
+    assert old_cache.set_cache is layer.set_cache is wd.set_cache
+    with pytest.warns(DeprecationWarning, match="wds_datapipes.shards.cache_store moved"):
+        from wds_datapipes.shards.cache_store import key_of
+    assert key_of is store.key_of
+
+    settings = wd.CacheSettings("/tmp/shards", 1 << 30)
+    stats = wd.CacheStats(hits=3, misses=1)
+    for value, new, old in ((settings, b"wds_datapipes.cache.settings", b"wds_datapipes.shards.cache_settings"),
+                            (stats, b"wds_datapipes.cache.streams", b"wds_datapipes.shards.cache_streams")):
+        made = pickle.dumps([wd.ShardLister(["a.tar"]).load_tar(), value], protocol=0)
+        assert made.count(new) == 1
+        before = made.replace(new, old)
+        assert new not in before
+        _forget(old.decode())
+        with pytest.warns(DeprecationWarning, match=old.decode()):
+            pipe, loaded = pickle.loads(before)
+        assert type(loaded) is type(value) and loaded == value
+        assert type(pipe) is wd.TarLoader and list(pipe.source_datapipe) == ["a.tar"]

@@ -45,7 +45,7 @@ from . import _moved
 from .loaders import dataloader2 as _dataloader2
 
 if TYPE_CHECKING:
-    from .allocator import keep_freed_memory
+    from .cache.layer import CacheSettings, CacheStats, cache_stats, get_cache, set_cache, verify_cache
     from .decoding.batch_decoder import BatchDecoder
     from .decoding.decoder import Decoder
     from .decoding.media import Audio, AudioBatch, AudioSpec, Video, VideoSpec, collate_media
@@ -68,11 +68,11 @@ if TYPE_CHECKING:
     )
     from .handlers import ignore_and_continue, reraise_exception, warn_and_continue
     from .limits import Limits, get_limits, set_limits
+    from .pipes.allocator import keep_freed_memory
     from .pipes.batching import Batcher, collate
     from .pipes.fields import FieldMapper, KeyRenamer, TupleMaker
     from .pipes.mixing import RandomMix
     from .pipes.shuffling import Shuffler
-    from .shards.cache import CacheSettings, CacheStats, cache_stats, get_cache, set_cache, verify_cache
     from .shards.grouping import WebDatasetGrouper, split_key
     from .shards.listing import ShardListBase, ShardLister
     from .shards.openers import open_shard, register_opener
@@ -95,12 +95,12 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
                "ShardFormatError", "ShardOpenError", "ShardReadError", "WdsError"),
     "handlers": ("ignore_and_continue", "reraise_exception", "warn_and_continue"),
     "limits": ("Limits", "get_limits", "set_limits"),
-    "allocator": ("keep_freed_memory",),
+    "pipes.allocator": ("keep_freed_memory",),
     "pipes.batching": ("Batcher", "collate"),
     "pipes.fields": ("FieldMapper", "KeyRenamer", "TupleMaker"),
     "pipes.mixing": ("RandomMix",),
     "pipes.shuffling": ("Shuffler",),
-    "shards.cache": ("CacheSettings", "CacheStats", "cache_stats", "get_cache", "set_cache", "verify_cache"),
+    "cache.layer": ("CacheSettings", "CacheStats", "cache_stats", "get_cache", "set_cache", "verify_cache"),
     "shards.grouping": ("WebDatasetGrouper", "split_key"),
     "shards.listing": ("ShardListBase", "ShardLister"),
     "shards.openers": ("open_shard", "register_opener"),
@@ -139,6 +139,7 @@ class _PipesOnTorch(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path=None, target=None):
         if _pipes_loaded:
             return None
+        wrap: type[_CountingLoader]
         if fullname == _DATAPIPE_BASE:
             wrap = _FunctionalNamesLoader
         elif fullname.startswith(f"{__name__}."):

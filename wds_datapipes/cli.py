@@ -346,8 +346,8 @@ def _bytes(n: float) -> str:
 
 def _verify(args: argparse.Namespace) -> int:
     if args.cache or args.cache_dir:
+        from .cache.layer import CacheSettings, get_cache, verify_cache
         from .errors import CacheDirectoryError
-        from .shards.cache import CacheSettings, get_cache, verify_cache
 
         settings = CacheSettings(os.path.abspath(args.cache_dir), 0) if args.cache_dir else get_cache()
         if settings is None:

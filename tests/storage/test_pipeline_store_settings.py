@@ -27,9 +27,9 @@ from stack import needs_dataloader2
 from store_helpers import configured, shard_bytes
 
 import wds_datapipes as wd
+from wds_datapipes.cache import store as cache_store
 from wds_datapipes.epochs.index import ShardIndex, ShardInfo, build_index
 from wds_datapipes.errors import ShardOpenError, ShardReadError
-from wds_datapipes.shards import cache_store
 from wds_datapipes.shards.openers import LocalPath
 from wds_datapipes.storage import cloud_settings
 from wds_datapipes.storage.cloud_settings import (

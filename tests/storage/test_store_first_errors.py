@@ -24,9 +24,9 @@ from object_servers import AZURE_ACCOUNT, _az_request
 from store_env import only
 from store_helpers import read_object
 
+from wds_datapipes.cache.store import key_of
 from wds_datapipes.errors import ShardOpenError, ShardReadError
 from wds_datapipes.limits import Limits
-from wds_datapipes.shards.cache_store import key_of
 from wds_datapipes.shards.openers import backend_for, open_shard, source_stamp
 from wds_datapipes.storage.cloud_settings import object_identity
 

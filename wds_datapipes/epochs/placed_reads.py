@@ -13,7 +13,7 @@ span, a bad place, a short read) live here too; a shuffled share is read by
 
 Where the shard cache keeps a shard (a remote one, or a local one on a network
 filesystem), it is read by its places from its complete copy
-(:func:`~wds_datapipes.shards.cache.cached_copy`), and through its headers until there
+(:func:`~wds_datapipes.cache.layer.cached_copy`), and through its headers until there
 is one: that read downloads it.
 """
 
@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..cache.layer import cached_copy, keeps
 from ..errors import IndexMismatchError, ShardFormatError, ShardOpenError, shard_error
 from ..limits import Limits
-from ..shards.cache import cached_copy, keeps
 from ..shards.openers import ShardUrl, file_version, local_path, plain_url, url_scheme
 from ..stats.probe import current as current_probe
 from .places import MemberPlaces, SpanPlaces, stat_stamp
 
 if TYPE_CHECKING:
-    from ..shards.cache_streams import LocalCopy
+    from ..cache.streams import LocalCopy
 
 logger = logging.getLogger("wds_datapipes")
 
@@ -72,7 +72,7 @@ def read_placed(places: MemberPlaces, shard: int, url: str, start: int, stop: in
 
 class LocalShard:
     """A local shard's descriptor, read by places: ``pread(size, offset)`` as ``os.pread``
-    (what a cached copy, :class:`~wds_datapipes.shards.cache_streams.LocalCopy`, offers too)."""
+    (what a cached copy, :class:`~wds_datapipes.cache.streams.LocalCopy`, offers too)."""
 
     __slots__ = ("fd", "pread", "size")
 

@@ -4,7 +4,7 @@
 ``q`` takes the next rows of every lane and yields them in an order drawn for ``q``.
 Read through tar headers, the lanes are read in shard order and a block's samples are
 held until it is yielded: 512 samples of 50 KB photos are 30 MB that leave the CPU's
-caches, and glibc hands freed big blocks back to the OS (see ``allocator.py``): measured,
+caches, and glibc hands freed big blocks back to the OS (see ``pipes/allocator.py``): measured,
 2.2-4.9x the cost of reading the same samples in order (1 KB to 100 KB members), 1.7-2.6x
 with the allocator kept.
 

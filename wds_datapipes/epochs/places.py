@@ -15,7 +15,7 @@ same stamps, and a shard written over or edited since still gets a new one.
 A shard whose size differs is an :class:`IndexMismatchError` (as without places), one
 whose version differs is read through its headers again, with a warning. A remote shard
 is read by its places from its complete copy in the shard cache
-(:func:`~wds_datapipes.shards.cache.cached_copy`), and through its headers until there is
+(:func:`~wds_datapipes.cache.layer.cached_copy`), and through its headers until there is
 one. Compressed shards, sparse members and shards whose size or version their source does
 not tell (``pipe:``, servers without ETag) have no places and are always read through their
 headers.

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..cache.layer import log_cache_stats
 from ..errors import IndexMismatchError
 from ..handlers import EXACT_EPOCH_FLAG
 from ..limits import Limits, get_limits
-from ..shards.cache import log_cache_stats
 from ..shards.grouping import group_members, split_key
 from ..shards.openers import ShardUrl, local_path, open_shard, stream_size, url_scheme
 from ..stats.probe import current as current_probe

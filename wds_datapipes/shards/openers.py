@@ -40,9 +40,10 @@ _NO_ENTRY_POINT: set[str] = set()  # schemes no installed package registers (loo
 
 # What stands between the openers and the readers: layer(url, start, limits, open_source) -> stream,
 # where open_source(url, start, limits) opens through the registry. The shard cache installs
-# itself here (wds_datapipes.shards.cache), so no scheme needs an if for it.
+# itself here (wds_datapipes.cache), so no scheme needs an if for it.
 StreamLayer = Callable[[str, int, "Limits | None", Callable[..., BinaryIO]], BinaryIO]
 _layer: StreamLayer | None = None
+_layer_report: Callable[[str], None] | None = None  # logs what the layer did, where a reader ends a pass
 
 
 class ShardUrl(str):
@@ -132,11 +133,18 @@ def register_backend(backend: Backend, *, replace: bool = False) -> None:
     _BACKENDS[backend.scheme] = backend
 
 
-def set_stream_layer(layer: StreamLayer | None) -> StreamLayer | None:
-    """Put ``layer`` between the openers and every reader of :func:`open_shard`; returns the previous one."""
-    global _layer
-    previous, _layer = _layer, layer
+def set_stream_layer(layer: StreamLayer | None, report: Callable[[str], None] | None = None) -> StreamLayer | None:
+    """Put ``layer`` between the openers and every reader of :func:`open_shard`; returns the previous one.
+    ``report(what)``, if given, logs what the layer did, where a reader ends a pass (:func:`report_stream_layer`)."""
+    global _layer, _layer_report
+    previous, _layer, _layer_report = _layer, layer, report
     return previous
+
+
+def report_stream_layer(what: str = "epoch") -> None:
+    """Where a reader ends a pass (``"epoch"``): the stream layer logs what it did (the shard cache, its counters)."""
+    if _layer_report is not None:
+        _layer_report(what)
 
 
 def backend_for(url: str) -> Backend:

@@ -14,8 +14,7 @@ from ..stats.settings import current_settings
 from ..stats.stalls import note_shard
 from ..tar import iter_tar_members
 from ..torch_datapipes import IterDataPipe, functional_datapipe
-from .cache import log_cache_stats
-from .openers import ShardUrl, open_shard, url_scheme
+from .openers import ShardUrl, open_shard, report_stream_layer, url_scheme
 
 
 @functional_datapipe("load_tar")
@@ -81,7 +80,7 @@ class TarLoader(Pipe[tuple[str, str, bytes]]):
                 yield url, self._guarded(stream, url)
             finally:
                 self._close(stream, url)
-        log_cache_stats()  # the shard cache's counters at an epoch's end, where it is on
+        report_stream_layer()  # the shard cache's counters at an epoch's end, where it is on
 
     def _close(self, stream, url: ShardUrl) -> None:
         try:

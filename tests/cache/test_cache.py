@@ -20,9 +20,11 @@ import pytest
 from shard_server import ShardServer
 
 import wds_datapipes as wd
-from wds_datapipes.shards import cache, cache_store, cache_streams
-from wds_datapipes.shards.cache import parse_size
-from wds_datapipes.shards.cache_store import LEDGER_ROOM, key_of
+from wds_datapipes.cache import layer as cache
+from wds_datapipes.cache import store as cache_store
+from wds_datapipes.cache import streams as cache_streams
+from wds_datapipes.cache.layer import parse_size
+from wds_datapipes.cache.store import LEDGER_ROOM, key_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -423,3 +425,17 @@ def test_a_shard_index_read_over_http_with_the_cache_on_is_read_from_the_source_
             assert len(list(wd.ExactEpochs(index_url, batch_size=4))) > 0
     assert [r for r in caplog.records if "shard cache" in r.getMessage()] == []
     assert len(glob.glob(str(tmp_path / "cache" / "*.data"))) == 2  # the shards' copies, not the index's
+
+
+def test_load_tar_logs_the_cache_s_counters_at_an_epoch_s_end_only_while_it_is_on(served, tmp_path, caplog):
+    """load_tar (in shards/, below the cache) reaches the counters through openers' report_stream_layer.
+    Oracle: the logged counters are wd.cache_stats() after the epoch, and nothing is logged with the cache off."""
+    _server, urls, _ = served(n=2)
+    with caplog.at_level(logging.INFO, "wds_datapipes"):
+        _read(urls)
+    assert not [r for r in caplog.records if r.message.startswith("shard cache")]
+    wd.set_cache(tmp_path / "cache", "1GB")
+    with caplog.at_level(logging.INFO, "wds_datapipes"):
+        _read(urls)
+    logged = [r.message for r in caplog.records if r.message.startswith("shard cache, this epoch's process")]
+    assert logged == [f"shard cache, this epoch's process so far: {wd.cache_stats()}"]

@@ -4,16 +4,16 @@ Off by default. :func:`set_cache` (or ``WDS_CACHE_DIR`` and ``WDS_CACHE_LIMIT``,
 ``set_cache`` also sets, so that spawned DataLoader workers find it) turns it on for every
 reader of the process: ``load_tar``, ``ExactEpochs``, ``index``. It sits between the
 openers and the readers (:func:`~wds_datapipes.shards.openers.set_stream_layer`), so every
-scheme gets it. This module turns it on and is that layer; :mod:`.cache_settings` the
-settings, :mod:`.cache_store` the ledger, :mod:`.files` the directory, files and locks,
-:mod:`.cache_streams` what a reader is handed.
+scheme gets it. This module turns it on and is that layer; :mod:`.settings` the
+settings, :mod:`.store` the ledger, :mod:`~wds_datapipes.shards.files` the directory, files
+and locks, :mod:`.streams` what a reader is handed.
 
 - A first read streams to the reader while it is written to ``<key>.part`` (the key: a
   hash of the whole URL); a second reader of a shard being downloaded reads along. At the
   end the part is renamed ``<key>.data``: a half-written file is never complete, and a
   read the source did not call a success, or whose bytes are not a whole tar, is not kept.
 - The directory must be the user's own, writable by no one else; no file in it is
-  followed through a link (:mod:`.files`).
+  followed through a link (:mod:`~wds_datapipes.shards.files`).
 - One download per shard and machine: the downloader holds ``flock`` on ``<key>.lock``
   (the kernel drops it when a process dies: its part is then stale, and cleaned up).
 - The limit holds at every moment: bytes are reserved in the ledger (SQLite, in the cache
@@ -41,15 +41,15 @@ from collections.abc import Callable
 
 from ..errors import CacheDirectoryError
 from ..limits import Limits, get_limits
+from ..shards import openers
+from ..shards.files import make_directory
 from ..stats.recorder import register_counters
-from . import openers
-from .cache_settings import CacheSettings, parse_size
-from .cache_store import DISABLED, Store, fault, verify
-from .cache_streams import (
+from .settings import CacheSettings, parse_size
+from .store import DISABLED, Store, fault, verify
+from .streams import (
     STATS,
     CacheStats,
 )
-from .files import make_directory
 
 __all__ = ["CacheSettings", "CacheStats", "cache_stats", "cached_copy", "get_cache", "parse_size", "set_cache",
            "verify_cache"]
@@ -158,7 +158,7 @@ def cached_copy(url: str, limits: Limits | None = None, revalidate: bool = True)
     not against its source), held against eviction until it is closed; None where the cache
     is off, does not keep ``url``, or holds no complete copy of it. Nothing is downloaded.
 
-    Readers by member places ``pread`` it (:meth:`~.cache_streams.LocalCopy.pread`: from
+    Readers by member places ``pread`` it (:meth:`~.streams.LocalCopy.pread`: from
     the source where the copy fails under a read); its ``size`` and ``version`` are the
     source's when it was downloaded."""
     if not keeps(url):
@@ -240,6 +240,6 @@ def verify_cache(settings: CacheSettings | None = None, repair: bool = True) -> 
     return verify(_store(settings, create=False), repair)
 
 
-openers.set_stream_layer(_cached_open)
+openers.set_stream_layer(_cached_open, log_cache_stats)
 # The cache's own counters, each process's change in stats' snapshots (None while the cache is off: nothing moves).
 register_counters("cache", lambda: dict(vars(STATS)) if get_cache() is not None else None)

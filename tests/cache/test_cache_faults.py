@@ -22,8 +22,9 @@ from shard_server import FAULTS, FaultyShardServer, ShardServer, tarfile_samples
 
 import wds_datapipes as wd
 from wds_datapipes import CacheDirectoryError, Limits, WdsError
-from wds_datapipes.shards import cache, http_stream
-from wds_datapipes.shards.cache_store import key_of
+from wds_datapipes.cache import layer as cache
+from wds_datapipes.cache.store import key_of
+from wds_datapipes.shards import http_stream
 
 pytestmark = [pytest.mark.usefixtures("no_cache_left_on"), pytest.mark.timeout(300)]
 CURL = shutil.which("curl")

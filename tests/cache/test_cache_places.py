@@ -14,9 +14,9 @@ from builders import write_index
 from shard_server import ShardServer
 
 import wds_datapipes as wd
+from wds_datapipes.cache.layer import cached_copy
+from wds_datapipes.cache.store import key_of
 from wds_datapipes.epochs import placed_reads, reading
-from wds_datapipes.shards.cache import cached_copy
-from wds_datapipes.shards.cache_store import key_of
 
 pytestmark = pytest.mark.usefixtures("no_cache_left_on")
 

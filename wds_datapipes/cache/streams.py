@@ -1,4 +1,4 @@
-"""The streams the shard cache hands to readers, its locks and its counters (see :mod:`.cache`).
+"""The streams the shard cache hands to readers, its locks and its counters (see :mod:`.layer`).
 
 - :class:`Download`: the source's bytes as they arrive, written to the part file on the way;
   the entry is complete only once the whole object has passed (a reader that stops early
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 from ..errors import ShardReadError, WdsError
 from ..limits import Limits
+from ..shards import openers
+from ..shards.files import probe_alive
 from ..tar import iter_tar_members
 from ..tar.blocks import CHUNK
 from ..tar.headers import BLOCK
 from ..tar.sources import compression
-from . import openers
-from .files import probe_alive
 
 logger = logging.getLogger("wds_datapipes")
 

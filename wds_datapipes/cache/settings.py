@@ -1,4 +1,4 @@
-"""The shard cache's settings: where shards are cached, and how much they may take (see :mod:`.cache`)."""
+"""The shard cache's settings: where shards are cached, and how much they may take (see :mod:`.layer`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shard cache's ledger and files, as one process sees them (see :mod:`.cache`).
+"""The shard cache's ledger and files, as one process sees them (see :mod:`.layer`).
 
 ``ledger.sqlite`` (SQLite: one writer on the machine at a time, ``BEGIN IMMEDIATE``) holds
 one row per URL: ``part`` (a download, the bytes reserved for it), ``done`` (a complete
@@ -25,19 +25,8 @@ import zlib
 from collections.abc import Callable
 
 from ..limits import Limits
-from ..storage.cloud_settings import object_identity
-from . import openers
-from .cache_settings import CacheSettings
-from .cache_streams import (
-    STATS,
-    Download,
-    LocalCopy,
-    ReadAlong,
-    add,
-    own_download,
-    tar_problem,
-)
-from .files import (
+from ..shards import openers
+from ..shards.files import (
     create_new,
     make_directory,
     open_existing,
@@ -46,6 +35,17 @@ from .files import (
     release_lock,
     try_lock,
     unlink,
+)
+from ..storage.cloud_settings import object_identity
+from .settings import CacheSettings
+from .streams import (
+    STATS,
+    Download,
+    LocalCopy,
+    ReadAlong,
+    add,
+    own_download,
+    tar_problem,
 )
 
 logger = logging.getLogger("wds_datapipes")
