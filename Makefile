@@ -80,7 +80,8 @@ NEWEST_TESTS := tests/loaders tests/pipes tests/decoding tests/epochs tests/shar
 	tests/shards/test_sharding_seeds.py tests/shards/test_grouping.py tests/test_docs.py \
 	tests/test_examples.py tests/test_webdataset_compat.py tests/test_memory_bounds.py tests/test_limits.py \
 	tests/storage/test_object_store_loaders.py::test_torchdata_nodes_read_every_s3_sample_once_per_epoch \
-	tests/stats/test_counts.py tests/stats/test_wait.py
+	tests/stats/test_counts.py tests/stats/test_wait.py tests/stats/test_export_profiler.py \
+	tests/stats/test_export_tensorboard.py
 # Of tests/epochs, the pure plans (mixtures, their rules) and the index command use no torch: tested stack only.
 NEWEST_SKIP := --ignore=tests/epochs/test_mixture.py --ignore=tests/epochs/test_mixture_rules.py \
 	--ignore=tests/epochs/test_shard_index.py --ignore=tests/epochs/test_places_format.py

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +29,8 @@ class _Pids:
 
 
 def test_each_worker_has_its_track_within_the_runs_wall_clock(tmp_path):
-    """Oracles: the worker pids DataLoader's workers report themselves (worker_init_fn), the
+    """Oracles: the worker pids DataLoader's workers report themselves (worker_init_fn; on Linux
+    a process's main thread has its pid as thread id), the
     training process's perf_counter_ns around the loop (CLOCK_MONOTONIC, the clock of every
     process), the shards opened (one each), the JSON format that chrome://tracing reads."""
     paths = write_shards(tmp_path / "data", 6, 20, size=2000)
@@ -53,7 +55,8 @@ def test_each_worker_has_its_track_within_the_runs_wall_clock(tmp_path):
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {pid: f"rank 0 worker {worker} (pid {pid})" for pid, worker in workers.items()}
     for e in spans:
-        assert e["cat"] == "wds_datapipes" and isinstance(e["tid"], int) and e["dur"] >= 0
+        assert e["cat"] == "wds_datapipes" and e["dur"] >= 0
+        assert e["tid"] == e["pid"]  # a worker's pipes run in its main thread, whose Linux thread id is its pid
         assert began / 1000 <= e["ts"] and e["ts"] + e["dur"] <= ended / 1000 + 1e-3
     per_worker = collections.Counter((e["pid"], e["name"]) for e in spans)
     assert sum(per_worker[(pid, "open")] for pid in workers) == 6
@@ -65,7 +68,8 @@ def test_each_worker_has_its_track_within_the_runs_wall_clock(tmp_path):
 
 def test_the_training_process_reading_its_pipes_has_a_track(tmp_path):
     """No loader workers: the spans are the training process's, every read inside the loop's
-    wall clock (oracles: os.getpid(), perf_counter_ns around it, the shard sizes' read count)."""
+    wall clock (oracles: os.getpid() and the thread's own OS id, perf_counter_ns around it, the
+    shards opened)."""
     paths = write_shards(tmp_path / "data", 2, 10, size=500)
     trace = wd.stats.TraceFile(tmp_path / "own.json")
     wd.stats.enable(observer=trace)
@@ -79,6 +83,7 @@ def test_the_training_process_reading_its_pipes_has_a_track(tmp_path):
     assert len(got) == 20
     spans = [e for e in events if e["ph"] == "X"]
     assert {e["pid"] for e in spans} == {os.getpid()}
+    assert {e["tid"] for e in spans} == {threading.get_native_id()}  # the OS's id of the thread that read
     assert all(began / 1000 <= e["ts"] <= e["ts"] + e["dur"] <= ended / 1000 + 1e-3 for e in spans)
     assert sum(e["name"] == "open" for e in spans) == 2
     assert [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"] == [

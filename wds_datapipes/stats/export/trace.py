@@ -126,7 +126,8 @@ class _TraceWriter:
         self._events: list[tuple] = []
         self._said: tuple | None = None
         self._lock = threading.Lock()
-        self._native = threading.get_native_id
+        self._ident = threading.get_ident  # no system call (get_native_id makes one); the OS's id at flush
+        self._natives: dict[int, int] = {}
         self._stop = threading.Event()
         _writers.append(self)
         threading.Thread(target=self._loop, args=(interval_s,), name="wds-stats-trace", daemon=True).start()
@@ -134,7 +135,7 @@ class _TraceWriter:
         atexit.register(self.flush)  # the training process's
 
     def span(self, stage: str, label: str, start: int, end: int) -> None:
-        self._events.append((stage, label, start, end, self._native()))
+        self._events.append((stage, label, start, end, self._ident()))
 
     def flush(self) -> None:
         """Appends the intervals kept so far to the part file (and who this process is, where that changed)."""
@@ -148,7 +149,11 @@ class _TraceWriter:
             if who != self._said:
                 lines.append(json.dumps({"pid": self.pid, "rank": who[0], "worker": who[1]}))
                 self._said = who
-            lines.extend(json.dumps(event, separators=(",", ":")) for event in events)
+            natives = self._natives
+            if any(event[4] not in natives for event in events):
+                natives.update((t.ident, t.native_id) for t in threading.enumerate() if t.native_id is not None)
+            lines.extend(json.dumps((*event[:4], natives.get(event[4], event[4])), separators=(",", ":"))
+                         for event in events)
             if not lines:
                 return
             try:
