@@ -15,7 +15,8 @@ of one process), :mod:`.recorder` (one process's counters, and how loader worker
 them), :mod:`.probe` (what stage code measures with, and how each stage is timed; the
 observer hook for exporters) and :mod:`.meters` (its sampler, timed streams and batch
 meter), :mod:`.snapshot` (the numbers), :mod:`.wait` (the loop's wait), :mod:`.ranks` (the
-gather across ranks), :mod:`.report` (the rules and the text). Every stage reports into
+gather across ranks), :mod:`.report` (the rules and the text), :mod:`.watchdog` and
+:mod:`.stalls` (the stall watchdog: ``watch(loader, stall_s=...)``). Every stage reports into
 this room; it imports none of them.
 
 For exporters (they live at this room's edge; no stage knows them): :func:`snapshot` and
