@@ -339,7 +339,7 @@ def join_index(index: str, world: int, own: ProgressLog | None = None) -> ShardI
     the ended log of the rank that joins, whose record is taken from memory, not read again
     (its scans of this run as written, with the keys and suffixes the writer made). Where
     the run had a map, the keys it gave are checked unique over every shard (no index is
-    written where one is in two: :class:`GivenKeys`); those of the shards ``own`` checked
+    written where one is in two: the error names the key and both shards); those of the shards ``own`` checked
     already (its ``given``) are not added again."""
     scans: dict[int, ShardScan] = {}
     entries: dict[int, dict] = {}
