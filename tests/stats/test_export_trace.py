@@ -100,3 +100,31 @@ def test_write_needs_the_run(tmp_path):
     else:
         raise AssertionError("write() with stats off made a file")
     assert not (tmp_path / "late.json").exists()
+
+
+def test_several_observers_reach_spawned_workers_and_end_with_the_run(tmp_path):
+    """observers(TraceFile, ProfilerRanges) pickled into a spawned worker: the trace holds that
+    worker's intervals (oracle: the pid the worker reports itself, the shards opened); after
+    disable() no trace thread of this process is left running (oracle: threading.enumerate)."""
+    paths = write_shards(tmp_path / "data", 2, 10)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    trace = wd.stats.TraceFile(tmp_path / "spawned.json", interval_s=0.05)
+    wd.stats.enable(observer=wd.stats.observers(trace, wd.stats.ProfilerRanges()))
+    try:
+        loader = torch.utils.data.DataLoader(wd.ShardLister(paths).load_tar().group_by_key().batch_samples(5),
+                                             batch_size=None, num_workers=1, multiprocessing_context="spawn",
+                                             worker_init_fn=_Pids(str(pids)))
+        assert sum(len(b["__key__"]) for b in loader) == 20
+        list(wd.ShardLister(paths[:1]).load_tar())  # the training process too: a writer of its own
+        events = json.loads(Path(trace.write()).read_text())["traceEvents"]
+    finally:
+        wd.stats.disable()
+    [worker_pid] = [int(p.read_text()) for p in pids.iterdir()]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {worker_pid, os.getpid()}
+    assert sum(e["name"] == "open" and e["pid"] == worker_pid for e in spans) == 2
+    deadline = time.monotonic() + 5
+    while any(t.name == "wds-stats-trace" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t for t in threading.enumerate() if t.name == "wds-stats-trace"]

@@ -64,8 +64,7 @@ class TraceFile:
                 raise RuntimeError("TraceFile.write: stats are off (the trace's parts are in the run folder, "
                                    "removed by disable(): write the trace before it)")
             directory = settings.directory
-        for writer in _writers:
-            writer.flush()
+        _flush_all()
         events = merged(directory)
         part = f"{self.path}.part"
         with open(part, "w") as out:
@@ -121,6 +120,7 @@ class _TraceWriter:
     live = False
 
     def __init__(self, directory: str, pid: int, interval_s: float):
+        self.directory = directory
         self.path = os.path.join(directory, f"p{pid}-{uuid.uuid4().hex[:8]}{_SUFFIX}")
         self.pid = pid
         self._events: list[tuple] = []
@@ -132,7 +132,6 @@ class _TraceWriter:
         _writers.append(self)
         threading.Thread(target=self._loop, args=(interval_s,), name="wds-stats-trace", daemon=True).start()
         multiprocessing.util.Finalize(self, self.flush, exitpriority=100)  # a loader worker's exit
-        atexit.register(self.flush)  # the training process's
 
     def span(self, stage: str, label: str, start: int, end: int) -> None:
         self._events.append((stage, label, start, end, self._ident()))
@@ -160,14 +159,30 @@ class _TraceWriter:
                 with open(self.path, "a") as out:
                     out.write("\n".join(lines) + "\n")
             except OSError:  # the run is over (its folder removed)
-                self._stop.set()
+                self._stopped()
 
     def _loop(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
+            if not os.path.isdir(self.directory):  # the run is over: nothing more to write
+                self._stopped()
+                return
             self.flush()
+
+    def _stopped(self) -> None:
+        self._stop.set()
+        if self in _writers:
+            _writers.remove(self)
 
 
 _writers: list[_TraceWriter] = []
+
+
+def _flush_all() -> None:
+    for writer in _writers[:]:  # a copy: a writer whose run is over leaves the list
+        writer.flush()
+
+
+atexit.register(_flush_all)  # the training process's exit (a loader worker's: each writer's Finalize)
 
 
 def _after_fork() -> None:
