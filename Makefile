@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 NEWEST := .venv-newest
 NEWEST_INSTALLED := $(NEWEST)/.installed
 
-.PHONY: ffmpeg bench-media setup setup-newest servers train test test-main test-newest test-core bench bench-epochs bench-nodes bench-ais bench-cache bench-write bench-storage lint clean
+.PHONY: ffmpeg bench-media setup setup-newest servers train test test-main test-newest test-core bench bench-epochs bench-nodes bench-ais bench-cache bench-write bench-storage bench-stats valgrind lint clean
 
 setup: $(INSTALLED)
 
@@ -116,6 +116,16 @@ bench-media: setup
 
 bench-cache: setup
 	$(BIN)/python -m benchmarks.bench_cache $(BENCH_ARGS)
+
+# What stats cost when on: stats off and on in paired rounds (wall clock, CPU), and the instructions of
+# the fastest path counted by valgrind's callgrind (a 2-core shared machine's clock cannot resolve 1%).
+bench-stats: setup valgrind
+	$(BIN)/python -m benchmarks.bench_stats $(BENCH_ARGS)
+
+# valgrind (its package holds callgrind.h) and gcc, which builds bench_stats' callgrind marks.
+valgrind:
+	@command -v valgrind >/dev/null && command -v gcc >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind gcc libc6-dev; }
 
 # Writing shards from 4,000 files of 50-150 KB: ours (1 and 2 processes, with and without the
 # index) against webdataset's ShardWriter and cp -r.

@@ -230,12 +230,14 @@ QUICK = {
     "bench_cache": ["no cache", "cache, limit half the dataset", "DataLoader, 2 workers", "places / headers"],
     "bench_epochs": ["1. planning", "1b. planning", "2. time to the first batch", "3. shuffle quality",
                      "4. reading a mixture", "with places, 90% / 10%"],
+    "bench_stats": ["1. wall clock and CPU", "places, 1 KB, in order, by wall: on / off",
+                    "README vision, DataLoader 2 workers, by cpu: on / off", "2. instructions"],
     "bench_media": ["audio flac", "audio wav", "audio mp3", "video mp4", "ours decode('video') / torchcodec"],
     "bench_pipeline": ["1. raw grouped samples", "2. vision, one process", "3. vision, two cores", "3b. every front door",
                        "4. uniform small images", "5. shuffled raw samples", "raw, 1 KB payloads: ours / webdataset",
                        "2 cores, DataLoader(2 workers), decode_batches (README vision): / the ceiling"],
 }
-OWN_DATA = {"bench_epochs", "bench_pipeline", "bench_nodes"}  # those that keep data between runs (--data)
+OWN_DATA = {"bench_epochs", "bench_pipeline", "bench_nodes", "bench_stats"}  # those that keep data between runs (--data)
 
 
 def _quick(bench: str, folder: Path) -> subprocess.CompletedProcess:
