@@ -19,7 +19,8 @@ The issue's budget is +1% on the fastest path and on the README's vision recipe.
 Each measured run turns stats on (a run folder made), builds the pipeline, reads it whole
 and turns stats off again (the folder removed), so the "on" rows include that too.
 
-Usage: ``python -m benchmarks.bench_stats [--rounds 9] [--quick] [--no-valgrind]``.
+Usage: ``python -m benchmarks.bench_stats [--rounds 9] [--quick] [--no-valgrind | --instructions-only]``
+(``--instructions-only``: the instruction counts alone, in ``bench_stats-instructions-<date>.txt``).
 """
 
 from __future__ import annotations
@@ -81,12 +82,20 @@ def _native_shares(make: Callable[[], Iterable]) -> str:
 def main(argv=None) -> None:
     bench = Bench("bench_stats", __doc__, rounds=9)
     bench.parser.add_argument("--no-valgrind", action="store_true", help="leave out the instruction counts")
+    bench.parser.add_argument("--instructions-only", action="store_true",
+                              help="the instruction counts alone (no wall clock: a machine busy with other work)")
     bench.parser.add_argument("--valgrind-samples", type=int, default=20_000,
                               help="1 KB samples a pass under callgrind (default 20,000)")
     args = bench.parse(argv)
     small = 2000 if args.quick else 60_000
     photos = 128 if args.quick else 2000
     under_valgrind = 1000 if args.quick else args.valgrind_samples
+    if args.instructions_only:
+        with bench.results(args, "instructions"):
+            files = make_payload_shards(os.path.join(args.data, f"payload-{under_valgrind}"), 1, under_valgrind, 2000)
+            index = places_index(files, os.path.join(args.data, "index", f"payload-1k-{under_valgrind}.json"))
+            _instructions(bench, index, under_valgrind, 1 if args.quick else 2)
+        return
     with bench.results(args):
         small_index = places_index(make_payload_shards(os.path.join(args.data, "payload"), 1, small, 2000),
                                    os.path.join(args.data, "index", f"payload-1k-{small}.json"))

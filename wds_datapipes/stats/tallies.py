@@ -119,11 +119,12 @@ class IoTarget:
                 tally.cache_hits += cache.get("hits", 0) + cache.get("read_along", 0)
                 tally.cache_misses += cache.get("misses", 0)
 
-    def sampled(self, reads: int, ns: int, nbytes: int) -> None:
-        """A timed read of one sample standing for ``reads`` reads: their estimated ``ns`` and ``nbytes``."""
+    def sampled(self, reads: int, timed: int, ns: int, nbytes: int) -> None:
+        """``timed`` timed reads of one sample each, standing for ``reads`` reads: their estimated
+        ``ns`` and ``nbytes``."""
         for tally in (self.source, self.scheme):
             tally.sampled_reads += reads
-            tally.timed_reads += 1
+            tally.timed_reads += timed
             tally.sampled_ns += ns
             tally.bytes += nbytes
 
