@@ -17,6 +17,9 @@ How each kind of stage is timed:
   to one in about ``sample_every`` for stages of a few microseconds (tar, reads by member
   places). A timed sample far longer than its stage's mean counts as a bounded multiple of it
   (:data:`~.meters.CAP_RATIO`): that is another process's time slice, not the sample's work.
+  Reads by member places keep their timed samples' counts on the sampler and move them into
+  the tallies every 16 timed samples and where the loop ends: a snapshot taken mid-loop may
+  miss up to 16 gaps of them (about a thousand samples); the counts at the end are exact.
 
 ``accounted`` (per thread) adds up the time the stages of this thread have claimed (exact
 intervals, and each sampled interval times its gap). A sampled interval subtracts what was
