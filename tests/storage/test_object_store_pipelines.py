@@ -62,6 +62,14 @@ GLOB_PARTS = st.lists(st.sampled_from(["train/", "val/", "shard-", "0", "00", "1
                                        ".tar.gz", "*.tar", "sub/", "x"]), min_size=1, max_size=5)
 
 
+@pytest.mark.parametrize("spec", ["*[!1]*", "train[!0]shard-000.tar"])
+def test_a_negated_bracket_never_matches_a_slash(listed_bucket, spec):
+    """Found by the test below (hypothesis, on az): ``[!1]`` matched the ``/`` of ``train-extra/...``.
+    Oracle: ``glob.glob`` over a folder of the same names."""
+    store, bucket, mirror = listed_bucket
+    assert _listed(store, bucket, spec) == [p for p in _local(mirror, spec) if os.path.isfile(mirror / p)]
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=GLOB_PARTS)
 def test_globs_and_prefixes_list_what_the_local_filesystem_lists(listed_bucket, parts):

@@ -346,8 +346,8 @@ def list_objects(spec: str, limits: Limits | None = None) -> Iterator[str]:
 
 
 def _glob_regex(pattern: str) -> re.Pattern:
-    """A glob as a regular expression over keys: ``*`` and ``?`` within one ``/`` segment
-    (``**`` too, as a local glob that is not recursive reads it)."""
+    """A glob as a regular expression over keys: ``*``, ``?`` and ``[!...]`` within one ``/``
+    segment (``**`` too, as a local glob that is not recursive reads it)."""
     out, i = [], 0
     while i < len(pattern):
         c = pattern[i]
@@ -361,7 +361,8 @@ def _glob_regex(pattern: str) -> re.Pattern:
                 out.append(re.escape(c))
             else:
                 body = pattern[i + 1:end]
-                out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+                negated = "^" + body[1:] + "/" if body.startswith("!") else body  # never a "/", as in a local glob
+                out.append("[" + negated.replace("\\", "\\\\") + "]")
                 i = end
         else:
             out.append(re.escape(c))
