@@ -143,8 +143,7 @@ class Sampler:
     def stop_at(self, t0: int, position: int, nbytes: int = 0) -> int:
         """The sample at ``position`` was timed (see :meth:`_record`), one read of ``nbytes`` where the
         sampler has an ``io`` target: it stands for the samples since the last one timed; returns
-        the next position to time (the gap drawn inline: this runs once a gap in the loops that read
-        a sample each)."""
+        the next position to time."""
         n = position + 1 - self._last
         self._last = position + 1
         self._weighted += self._record(t0, n)
@@ -152,11 +151,7 @@ class Sampler:
         self._timed += 1
         if self._timed >= FLUSH_READS:
             self._flush()
-        probe, stage = self.probe, self.stage
-        every, ns = probe.every, stage.ns  # Probe.gap's, without min() and max() (their argument parsing)
-        if ns > 0 and TIME_ALL_NS * stage.timed // ns < every:
-            every = TIME_ALL_NS * stage.timed // ns
-        return position + (int(every * (0.5 + probe.random())) or 1)
+        return position + self.probe.gap(self.stage)
 
     def finish_at(self, position: int) -> None:
         """The loop left off at ``position`` (the samples before it handed out): count the rest."""
