@@ -81,7 +81,7 @@ NEWEST_TESTS := tests/loaders tests/pipes tests/decoding tests/epochs tests/shar
 	tests/test_examples.py tests/test_webdataset_compat.py tests/test_memory_bounds.py tests/test_limits.py \
 	tests/storage/test_object_store_loaders.py::test_torchdata_nodes_read_every_s3_sample_once_per_epoch \
 	tests/stats/test_counts.py tests/stats/test_wait.py tests/stats/test_export_profiler.py \
-	tests/stats/test_export_tensorboard.py
+	tests/stats/test_export_tensorboard.py tests/stats/test_watchdog_loaders.py::test_a_hung_read_is_named_under_each_loader
 # Of tests/epochs, the pure plans (mixtures, their rules) and the index command use no torch: tested stack only.
 NEWEST_SKIP := --ignore=tests/epochs/test_mixture.py --ignore=tests/epochs/test_mixture_rules.py \
 	--ignore=tests/epochs/test_shard_index.py --ignore=tests/epochs/test_places_format.py

@@ -53,7 +53,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
     def _object(self) -> tuple[str, os.stat_result] | None:
-        path = os.path.join(self.server.folder, self.path.lstrip("/"))
+        path = os.path.join(self.server.folder, self.path.lstrip("/").partition("?")[0])  # a query: settings
         try:
             return path, os.stat(path)
         except OSError:
@@ -102,6 +102,61 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         ahead = sent / server.rate - (time.monotonic() - began)
                         if ahead > 0:
                             time.sleep(ahead)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+
+class StallingServer(ShardServer):
+    """A :class:`ShardServer` whose answer for ``stalled`` stops once, until ``release`` is set
+    (30 s at most), then goes on: a GET's body after ``at`` of its bytes, or with ``head=True`` a
+    HEAD's answer before its status line. ``stalling`` is set when it stops;
+    ``sent_before_stall``: the body bytes it had sent then (from the Range's start).
+    ``stalled=None`` stops nothing (set it later to arm the server)."""
+
+    def __init__(self, folder: str, stalled: str | None, at: int = 0, head: bool = False):
+        super().__init__(folder)
+        self.RequestHandlerClass = _StallingHandler
+        self.stalled, self.at, self.head = stalled, at, head
+        self.release, self.stalling = threading.Event(), threading.Event()
+        self.sent_before_stall: int | None = None
+
+    def stops(self, name: str, head: bool) -> bool:
+        """Whether this request stops now (once: the first one asked after arming)."""
+        with self.counting:
+            if name != self.stalled or head != self.head or self.stalling.is_set():
+                return False
+            self.stalling.set()
+            return True
+
+
+class _StallingHandler(_Handler):
+    def do_HEAD(self):
+        if self.server.stops(self.path.lstrip("/").partition("?")[0], head=True):
+            self.server.release.wait(30)
+        super().do_HEAD()
+
+    def do_GET(self):
+        server: StallingServer = self.server
+        name = self.path.lstrip("/").partition("?")[0]
+        if name != server.stalled or server.head or server.stalling.is_set():
+            super().do_GET()
+            return
+        found = self._object()
+        if not found:
+            return
+        asked = self.headers.get("Range")
+        start = int(asked.split("=")[1].rstrip("-")) if asked else 0
+        self._headers(found[1], start, 206 if start else 200)
+        with open(found[0], "rb") as f:
+            f.seek(start)
+            body = f.read()
+        try:
+            self.wfile.write(body[: server.at])
+            self.wfile.flush()
+            server.sent_before_stall = server.at
+            if server.stops(name, head=False):
+                server.release.wait(30)
+            self.wfile.write(body[server.at :])
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 

@@ -23,6 +23,22 @@ def stats_on():
         wd.stats.disable()
 
 
+@pytest.fixture
+def stall_log():
+    """The stall watchdog's log records (``stall_log.Stalls``) while the test runs."""
+    import logging
+
+    from stall_log import Stalls
+
+    logger = logging.getLogger("wds_datapipes.stats")
+    handler = Stalls()
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
 @pytest.fixture(autouse=True)
 def _no_proxy(monkeypatch):
     for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):

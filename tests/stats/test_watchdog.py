@@ -10,7 +10,8 @@ import threading
 import time
 
 import pytest
-from shard_server import _LocalServer
+from shard_server import StallingServer
+from stall_log import stuck_on as _stuck_on
 from stats_data import fork_loader, write_shards
 
 import wds_datapipes as wd
@@ -19,79 +20,6 @@ from wds_datapipes.stats.watchdog import Watchdog
 pytestmark = pytest.mark.timeout(120)
 
 SECRET = "s3cr3t-do-not-log"
-
-
-class StallingServer(_LocalServer):
-    """Serves a folder's shards; ``stalled``'s body stops after ``at`` bytes until ``release`` is
-    set (30 s at most), then goes on. ``sent_before_stall``: the body bytes it sent before stopping."""
-
-    def __init__(self, folder: str, stalled: str, at: int):
-        import http.server
-
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                name = self.path.lstrip("/").partition("?")[0]
-                with open(os.path.join(server.folder, name), "rb") as f:
-                    body = f.read()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                try:
-                    if name == server.stalled and not server.release.is_set():
-                        self.wfile.write(body[: server.at])
-                        self.wfile.flush()
-                        server.sent_before_stall = server.at
-                        server.stalling.set()
-                        server.release.wait(30)
-                        self.wfile.write(body[server.at :])
-                    else:
-                        self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-        super().__init__(Handler)
-        self.folder, self.stalled, self.at = folder, stalled, at
-        self.release, self.stalling = threading.Event(), threading.Event()
-        self.sent_before_stall = None
-
-
-def _stuck_on(record: logging.LogRecord, url: str) -> list[tuple[dict, dict]]:
-    """(process, thread) of a stall warning that reads the shard ``url``."""
-    return [(p, t) for p in getattr(record, "stall", {"processes": []})["processes"] for t in p["threads"]
-            if t["shard"] and t["shard"]["url"].startswith(url) and t["shard"]["phase"] == "reading"]
-
-
-class Stalls(logging.Handler):
-    """Keeps the stats logger's records; the first stall warning naming the stalled shard releases
-    the server (a wait of a loaded machine's before it is no release)."""
-
-    def __init__(self, server: StallingServer | None = None):
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-        self.server = server
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-        if self.server is not None and _stuck_on(record, self.server.url(self.server.stalled)):
-            self.server.release.set()
-
-
-@pytest.fixture
-def stall_log():
-    logger = logging.getLogger("wds_datapipes.stats")
-    handler = Stalls()
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
 
 
 def _watchdogs() -> list[threading.Thread]:
@@ -106,7 +34,7 @@ def test_a_hung_read_is_logged_with_its_shard_server_offset_and_stack(tmp_path, 
     (nothing lost by the watchdog)."""
     write_shards(tmp_path, 4, 12, size=3000)
     with StallingServer(str(tmp_path), "s-002.tar", 10_037) as server:
-        stall_log.server = server
+        stall_log.release_on(server.url(server.stalled), "reading", server.release)
         spec = server.url("s-{000..003}.tar") + f"?X-Amz-Signature={SECRET}"
         dp = wd.ShardLister(spec).load_tar().group_by_key().batch_samples(4)
         began = time.monotonic()

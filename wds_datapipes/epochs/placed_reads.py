@@ -33,6 +33,7 @@ from ..errors import IndexMismatchError, ShardFormatError, ShardOpenError, shard
 from ..limits import Limits
 from ..shards.openers import ShardUrl, file_version, local_path, plain_url, url_scheme
 from ..stats.probe import current as current_probe
+from ..stats.stalls import waits_on
 from .places import MemberPlaces, SpanPlaces, stat_stamp
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class LocalShard:
         self.close()
 
 
+@waits_on(lambda f: (f["url"], "opening", None))  # the stall watchdog's: nothing per call
 def open_usable(places: MemberPlaces, shard: int, url: str, filesize: int | None, limits: Limits,
                 revalidate: bool = True) -> LocalShard | LocalCopy | None:
     """Shard ``shard``'s bytes where they can be read by its places (close it when done): the
@@ -190,6 +192,7 @@ def _numbered(numbers: np.ndarray, start: int, stop: int) -> bool:
     return numbers[0] == start and numbers[-1] == stop - 1 and bool(((steps == 0) | (steps == 1)).all())
 
 
+@waits_on(lambda f: (f["url"], "reading", f["offset"]))  # a read starts at the member's offset
 def _placed_samples(file, url: ShardUrl, span: SpanPlaces, limits: Limits, last_fields: dict,
                     views: bool, meter: tuple | None = None) -> Iterator[dict]:
     """The samples of ``span``: members sliced out of reads of up to a megabyte (one read for

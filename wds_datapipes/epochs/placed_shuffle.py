@@ -35,6 +35,7 @@ from ..handlers import EXACT_EPOCH_FLAG
 from ..limits import Limits
 from ..shards.openers import ShardUrl, plain_url, url_scheme
 from ..stats.probe import current as current_probe
+from ..stats.stalls import waits_on
 from . import placed_reads
 from .index import ShardIndex
 from .placed_reads import bad_members, bad_place, open_usable, places_of_samples, read_new
@@ -200,6 +201,7 @@ class _PlacedShards:
         span = s.data[b - 1] + s.sizes[b - 1] - s.data[a]
         return span if span <= self.chunk else sum(s.sizes[a:b])
 
+    @waits_on(lambda f: (f["s"].url, "reading", f["low"]))  # the stall watchdog's: nothing per call
     def _read(self, s: _Shard, a: int, b: int, low: int, high: int) -> bytes | memoryview:
         """The shard's bytes ``low`` .. ``high - 1`` (members ``a`` .. ``b - 1``), as ``read_new`` gives them."""
         try:
@@ -211,6 +213,7 @@ class _PlacedShards:
             raise s.truncated(short, max(0, len(view) - (s.data[short] - low)), s.sizes[short])
         return view
 
+    @waits_on(lambda f: (f["s"].url, "reading", f["s"].data[f["m"]]))
     def _read_member(self, s: _Shard, m: int) -> bytes | memoryview:
         try:
             field = read_new(s.file, s.sizes[m], s.data[m], self.views)

@@ -22,6 +22,7 @@ from ..limits import Limits, get_limits
 from ..shards.grouping import group_members, split_key
 from ..shards.openers import ShardUrl, local_path, open_shard, stream_size, url_scheme
 from ..stats.probe import current as current_probe
+from ..stats.stalls import note_shard
 from ..stats.tallies import MixTally
 from ..tar import iter_tar_members
 from .index import ShardIndex
@@ -167,8 +168,9 @@ def _scanned_span_samples(index: ShardIndex, span: Span, limits: Limits | None, 
         stream = open_shard(url, start=offset or 0, limits=limits)
     else:  # as load_tar's: the opening and each read timed; one sample in a gap timed as tar
         scheme, label = url_scheme(url), index.base or "index"
+        note = note_shard(url, offset or 0)  # the stall watchdog's: this thread's shard, its offset once open
         stream = probe.opened(open_shard, probe.target("open", scheme, label), url, start=offset or 0, limits=limits)
-        stream = probe.reading(stream, probe.target("read", scheme, label))
+        stream = note.stream = probe.reading(stream, probe.target("read", scheme, label))
     try:
         size = stream_size(stream)
         if info.filesize is not None and size is not None and size != info.filesize:

@@ -71,12 +71,13 @@ def stacks(settings: StatsSettings | None = None, wait_s: float | None = None) -
 
     Returns plain values: ``processes``, one dict per process (``pid``, ``rank``, ``worker``:
     -1 for this process, the loader worker's id otherwise; ``threads``: each one's ``thread``
-    name, ``stack`` (its frames as text, outermost first) and ``shard``: None, or the shard it
-    opened last, ``url`` (secrets redacted), ``host``, ``phase`` (``opening``, ``reading``,
-    ``closed``), ``offset`` (bytes of the shard returned so far: the next read starts there) and
-    ``seconds`` since it was opened); ``silent``: the pids of live loader workers that did not
-    answer within ``wait_s`` (default: twice the run's ``interval_s`` and a second; a worker
-    holding the interpreter lock in native code cannot answer). Empty with stats off.
+    name, ``stack`` (its frames as text, outermost first) and ``shard``: None, or the shard it waits
+    on (the one it opened last, for a stream's reader), ``url`` (secrets redacted), ``host``,
+    ``phase`` (``opening``, ``reading``, ``closed``), ``offset`` (the shard's byte the next read
+    starts at) and ``seconds`` since it was opened (None for a read by member places)); ``silent``:
+    the pids of live loader workers that did not answer within ``wait_s`` (default: twice the
+    run's ``interval_s`` and a second; a worker holding the interpreter lock in native code cannot
+    answer). Empty with stats off.
     """
     settings = settings or current_settings()
     if settings is None:
@@ -164,11 +165,12 @@ def describe(found: dict) -> str:
 def _shard_words(shard: dict | None) -> str:
     if shard is None:
         return ""
+    seconds = shard["seconds"]
     if shard["phase"] == "opening":
-        return f": opening {shard['url']} (server {shard['host']}) for {shard['seconds']:.1f} s"
+        return f": opening {shard['url']} (server {shard['host']})" + (f" for {seconds:.1f} s" if seconds else "")
     state = "read to its end or dropped" if shard["phase"] == "closed" else "reading"
-    return (f": {state} {shard['url']} (server {shard['host']}), at byte offset {shard['offset']}, "
-            f"opened {shard['seconds']:.1f} s ago")
+    return (f": {state} {shard['url']} (server {shard['host']}), at byte offset {shard['offset']}"
+            + (f", opened {seconds:.1f} s ago" if seconds is not None else ""))
 
 
 __all__ = ["Watchdog", "describe", "stacks"]
