@@ -87,3 +87,24 @@ def test_no_profiler_no_range_and_no_stats_no_range(tmp_path):
     assert rest == 3
     assert collections.Counter(e.name for e in prof.events() if e.name.startswith("mine."))["mine.open"] == 1
     assert not [e for e in after.events() if e.name.startswith("mine.")]
+
+
+def test_the_loops_wait_is_a_range_that_holds_the_batch_it_waits_for(tmp_path):
+    """Read through ``wd.stats.watch``, each next() is a ``wds_datapipes.wait`` range: one per
+    batch and the last (the epoch's end), each ending before that step's matmul begins, each
+    holding the batch's own range (the pipe runs inside the loop's next()). Oracle:
+    torch.profiler's own events and their times."""
+    paths = write_shards(tmp_path, 3, 10, size=500)
+    wd.stats.enable(observer=wd.stats.ProfilerRanges())
+    try:
+        prof, batches = _profiled(wd.stats.watch(_pipeline(paths)))
+    finally:
+        wd.stats.disable()
+    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                    if e.name in ("wds_datapipes.wait", "wds_datapipes.batch", "aten::mm"))
+    waits = [(s, e) for s, e, name in events if name == "wds_datapipes.wait"]
+    built = [(s, e) for s, e, name in events if name == "wds_datapipes.batch"]
+    assert len(waits) - 1 == len(built) == batches == 6
+    assert [name for _, _, name in events] == ["wds_datapipes.wait", "wds_datapipes.batch", "aten::mm"] * 6 + [
+        "wds_datapipes.wait"]
+    assert all(ws <= bs and be <= we for (ws, we), (bs, be) in zip(waits, built))

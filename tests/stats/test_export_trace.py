@@ -41,7 +41,7 @@ def test_each_worker_has_its_track_within_the_runs_wall_clock(tmp_path):
     try:
         dp = wd.ShardLister(paths).load_tar().group_by_key().map_fields({"cls": int}).batch_samples(5)
         began = time.perf_counter_ns()
-        batches = list(wd.stats.watch(fork_loader(dp, worker_init_fn=_Pids(str(pids)))))
+        batches, waits = _timed_loop(wd.stats.watch(fork_loader(dp, worker_init_fn=_Pids(str(pids)))))
         ended = time.perf_counter_ns()
         written = trace.write()
     finally:
@@ -50,10 +50,17 @@ def test_each_worker_has_its_track_within_the_runs_wall_clock(tmp_path):
     data = json.loads(Path(written).read_text())
     events = data["traceEvents"]
     workers = {int(p.read_text()): int(p.name) for p in pids.iterdir()}
-    spans = [e for e in events if e["ph"] == "X"]
-    assert {e["pid"] for e in spans} == set(workers)  # the training process read no pipe: no track
+    spans = [e for e in events if e["ph"] == "X" and e["pid"] != os.getpid()]
+    assert {e["pid"] for e in spans} == set(workers)
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    assert names == {pid: f"rank 0 worker {worker} (pid {pid})" for pid, worker in workers.items()}
+    assert names == {pid: f"rank 0 worker {worker} (pid {pid})" for pid, worker in workers.items()} | {
+        os.getpid(): f"rank 0 training process (pid {os.getpid()})"}
+    # The training process read no pipe: its track is the loop's waits, each inside the test's own
+    # clock reads around that next() (microseconds in the file: a rounding's slack)
+    loop = sorted((e for e in events if e["ph"] == "X" and e["pid"] == os.getpid()), key=lambda e: e["ts"])
+    assert [e["name"] for e in loop] == ["wait"] * len(batches) and len(waits) == len(batches)
+    for e, (t0, t1) in zip(loop, waits):
+        assert t0 / 1000 - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= t1 / 1000 + 1e-3 and e["tid"] == e["pid"]
     for e in spans:
         assert e["cat"] == "wds_datapipes" and e["dur"] >= 0
         assert e["tid"] == e["pid"]  # a worker's pipes run in its main thread, whose Linux thread id is its pid
@@ -64,6 +71,19 @@ def test_each_worker_has_its_track_within_the_runs_wall_clock(tmp_path):
         assert {"list", "open", "read", "tar", "transform", "batch"} <= {name for p, name in per_worker if p == pid}
     opened = sorted(e["args"]["source"] for e in spans if e["name"] == "open")
     assert len(set(opened)) == 1  # one shard list: one source label
+
+
+def _timed_loop(loop) -> tuple[list, list[tuple[int, int]]]:
+    """The items of ``loop``, and the test's own perf_counter_ns before and after each next() that gave one."""
+    items, waits = [], []
+    while True:
+        t0 = time.perf_counter_ns()
+        try:
+            item = next(loop)
+        except StopIteration:
+            return items, waits
+        waits.append((t0, time.perf_counter_ns()))
+        items.append(item)
 
 
 def test_the_training_process_reading_its_pipes_has_a_track(tmp_path):

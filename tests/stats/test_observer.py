@@ -50,12 +50,18 @@ def test_each_worker_observes_its_timed_intervals(tmp_path):
     try:
         dp = wd.ShardLister(paths).load_tar().group_by_key().batch_samples(4)
         began = time.perf_counter_ns()
-        list(wd.stats.watch(fork_loader(dp)))
+        batches = len(list(wd.stats.watch(fork_loader(dp))))
         ended = time.perf_counter_ns()
     finally:
         wd.stats.disable()
-    files = sorted(folder.iterdir())
-    assert len(files) == 2  # the two workers (the training process read no pipe)
+    own = folder / f"spans-{os.getpid()}.txt"  # the training process read no pipe: its loop's waits only
+    lines = [line.split("\t") for line in own.read_text().splitlines()]
+    assert [kind for kind, *_ in lines] == ["begin", "end", "span"] * batches + ["begin", "end"]  # the epoch's end
+    assert {stage for _, stage, *_ in lines} == {"wait"} and batches == 10
+    assert all(began <= int(start) <= int(end) <= ended for kind, _, *rest in lines if kind == "span"
+               for start, end in [rest])
+    files = sorted(set(folder.iterdir()) - {own})
+    assert len(files) == 2  # the two workers
     opened = 0
     for path in files:
         lines = [line.split("\t") for line in path.read_text().splitlines()]

@@ -7,6 +7,9 @@ step. A step whose ``next()`` returned within ``ready_s`` did not wait: its batc
 in a loader's queue costs (a DataLoader with workers hands over a batch of small tensors in
 tens of microseconds, a batch of 64 crops through shared memory in a few hundred) and far
 below a step of a model worth a GPU.
+
+With an exporter (``enable(observer=...)``), each wait is also an interval of the stage
+``wait`` in this process (a trace's track of the training process, a profiler's range).
 """
 
 from __future__ import annotations
@@ -96,15 +99,21 @@ def _loop(loader: Iterable[T], recorder, ready_ns: int, gather_every: int | None
     first = True
     handed = 0
     taken = 0
+    observer = recorder.observer  # exporters: each wait beside the workers' stages (a trace); None: none
+    live = observer is not None and getattr(observer, "live", False)  # ranges open while it waits (a profiler's)
     began = _now()
     source = iter(loader)  # a loader starts its workers here: part of the wait for the first batch
     while True:
         t0 = began if first else _now()
         if dog is not None:
             dog.waiting_since = t0
+        if live:
+            observer.begin("wait", "first batch" if first else "next()")
         try:
             item = next(source)
         except StopIteration:  # the wait for the epoch's end (a loader stops its workers)
+            if live:
+                observer.end("wait", "next()")
             wait.last_ns += _now() - t0
             if handed:
                 wait.step_ns += t0 - handed  # the last batch's step
@@ -113,6 +122,10 @@ def _loop(loader: Iterable[T], recorder, ready_ns: int, gather_every: int | None
         if dog is not None:
             dog.waiting_since = 0
         blocked = t1 - t0
+        if observer is not None:
+            if live:
+                observer.end("wait", "next()")
+            observer.span("wait", "first batch" if first else "next()", t0, t1)
         if first:
             wait.first_ns += blocked
             first = False
