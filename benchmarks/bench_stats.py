@@ -12,9 +12,11 @@ The issue's budget is +1% on the fastest path and on the README's vision recipe.
    On a shared 2-core machine the pairs spread by several percent either way: these rows
    cannot resolve 1%, only catch a cost well above it.
 2. **Instructions** (valgrind's callgrind, one process, ``benchmarks/instruction_counts.py``):
-   the raw 1 KB paths, in order and shuffled, off and on alternating. Load does not move
-   them; they leave out the kernel's work (the reads' copies) and cache misses, so they
-   state the added work of the Python and C code that counting runs.
+   the raw 1 KB paths, in order and shuffled, and the vision recipe's pipe (what each of its
+   loader workers runs: listing, tar, grouping, the sample shuffle, decoding and crops, read
+   through ``wd.stats.watch`` when on), off and on alternating. Load does not move them; they
+   leave out the kernel's work (the reads' copies), cache misses and the hand-over between
+   processes, so they state the added work of the Python and C code that counting runs.
 
 Each measured run turns stats on (a run folder made), builds the pipeline, reads it whole
 and turns stats off again (the folder removed), so the "on" rows include that too.
@@ -33,7 +35,7 @@ from benchmarks.harness import Bench, Ratio, time_in_turn
 from benchmarks.instruction_counts import count_instructions, missing_tools, timed_shares
 from benchmarks.raw_reading import exact_epochs, places_index
 from benchmarks.shards import make_payload_shards, make_photo_shards
-from benchmarks.stats_paths import CASES_BY_PLACES, readme_vision, switched
+from benchmarks.stats_paths import CASES_BY_PLACES, COUNTED, readme_vision, switched
 from benchmarks.vision_loops import count_samples
 
 GOAL = "<= 1.01"  # the issue's: on costs at most 1%
@@ -48,21 +50,31 @@ def _overhead(bench: Bench, name: str, timings) -> None:
         bench.ratio(f"{name}, by {of}: on / off", ratio)
 
 
-def _instructions(bench: Bench, index: str, samples: int, passes: int) -> None:
-    print(f"\n2. instructions (callgrind, one process, {samples:,} samples a pass, {passes} passes of each, "
-          "off/on alternating)")
+def _instructions(bench: Bench, data: str, samples: int, photos: int, passes: int) -> None:
+    """The cases of ``stats_paths.COUNTED`` under callgrind: ``samples`` 1 KB samples a pass by
+    places, ``photos`` photos a pass through the vision recipe's pipe."""
+    print(f"\n2. instructions (callgrind, one process, {passes} passes of each, off/on alternating)")
     missing = missing_tools()
     if missing:
         print(f"  not measured: this machine lacks {', '.join(missing)} (make valgrind installs them)")
         return
-    counts, said = count_instructions(list(CASES_BY_PLACES), passes, "--index", index, "--expect", str(samples))
-    for case in CASES_BY_PLACES:
+    files = make_payload_shards(os.path.join(data, f"payload-{samples}"), 1, samples, 2000)
+    index = places_index(files, os.path.join(data, "index", f"payload-1k-{samples}.json"))
+    photo_files = make_photo_shards(os.path.join(data, f"photos-callgrind-{photos}"), photos, per_shard=photos // 4)
+    in_photos = sum(1 for _ in wd.ShardLister(photo_files).load_tar().group_by_key())
+    reads = {"1kb-in-order": samples, "1kb-shuffled": samples, "vision-pipe": in_photos}
+    names = {"1kb-in-order": "places, 1 KB, in order", "1kb-shuffled": "places, 1 KB, shuffled",
+             "vision-pipe": "README vision pipe, photos"}
+    counts, said = count_instructions(list(COUNTED), passes, "--index", index,
+                                      *(f"--photo={f}" for f in photo_files),
+                                      *(f"--expect={case}={n}" for case, n in reads.items()))
+    for case in COUNTED:
         off, on = counts.get(f"{case}-off", []), counts.get(f"{case}-on", [])
         if len(off) != passes or len(on) != passes:
             raise RuntimeError(f"{case}: callgrind dumps for off {len(off)}, on {len(on)}, expected {passes} each")
-        name = f"places, 1 KB, {case[4:].replace('-', ' ')}"
-        print(f"  {name:<24} instructions a sample: off {'/'.join(f'{n / samples:,.0f}' for n in off)}, "
-              f"on {'/'.join(f'{n / samples:,.0f}' for n in on)}")
+        name, n = names[case], reads[case]
+        print(f"  {name:<28} {n:,} samples a pass; instructions a sample: off {'/'.join(f'{c / n:,.0f}' for c in off)}, "
+              f"on {'/'.join(f'{c / n:,.0f}' for c in on)}")
         for line in sorted({line for line in said.splitlines() if line.startswith(case + ":")}):
             print(f"    under callgrind, {line[len(case) + 2:]}")
         ratio = Ratio.of([b / a for a, b in zip(off, on)])
@@ -86,15 +98,17 @@ def main(argv=None) -> None:
                               help="the instruction counts alone (no wall clock: a machine busy with other work)")
     bench.parser.add_argument("--valgrind-samples", type=int, default=20_000,
                               help="1 KB samples a pass under callgrind (default 20,000)")
+    bench.parser.add_argument("--valgrind-photos", type=int, default=256,
+                              help="photos a pass of the vision recipe's pipe under callgrind (default 256)")
     args = bench.parse(argv)
     small = 2000 if args.quick else 60_000
     photos = 128 if args.quick else 2000
     under_valgrind = 1000 if args.quick else args.valgrind_samples
+    photos_under_valgrind = 8 if args.quick else args.valgrind_photos
+    passes = 1 if args.quick else 2
     if args.instructions_only:
         with bench.results(args, "instructions"):
-            files = make_payload_shards(os.path.join(args.data, f"payload-{under_valgrind}"), 1, under_valgrind, 2000)
-            index = places_index(files, os.path.join(args.data, "index", f"payload-1k-{under_valgrind}.json"))
-            _instructions(bench, index, under_valgrind, 1 if args.quick else 2)
+            _instructions(bench, args.data, under_valgrind, photos_under_valgrind, passes)
         return
     with bench.results(args):
         small_index = places_index(make_payload_shards(os.path.join(args.data, "payload"), 1, small, 2000),
@@ -119,12 +133,7 @@ def main(argv=None) -> None:
         if args.no_valgrind:
             print("\n2. instructions: left out (--no-valgrind)")
         else:
-            index = small_index
-            if under_valgrind != small:
-                files = make_payload_shards(os.path.join(args.data, f"payload-{under_valgrind}"), 1,
-                                            under_valgrind, 2000)
-                index = places_index(files, os.path.join(args.data, "index", f"payload-1k-{under_valgrind}.json"))
-            _instructions(bench, index, under_valgrind, 1 if args.quick else 2)
+            _instructions(bench, args.data, under_valgrind, photos_under_valgrind, passes)
 
 
 if __name__ == "__main__":

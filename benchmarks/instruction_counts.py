@@ -88,14 +88,18 @@ def _child(argv: list[str]) -> None:
     parser.add_argument("cases", nargs="+")
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--marks", required=True)
-    parser.add_argument("--index", required=True)
-    parser.add_argument("--expect", type=int, required=True)
+    parser.add_argument("--index", help="the index the cases by places read")
+    parser.add_argument("--photo", action="append", default=[], help="a photo shard the vision case reads")
+    parser.add_argument("--expect", action="append", default=[], help="CASE=SAMPLES a pass must read")
     args = parser.parse_args(argv)
+    import torch
+
     import wds_datapipes as wd
-    from benchmarks.stats_paths import CASES_BY_PLACES
+    from benchmarks.stats_paths import COUNTED
     from benchmarks.vision_loops import count_samples
     from wds_datapipes.stats import meters
 
+    torch.set_num_threads(1)  # the crops' ops in this thread: no pool's spinning in the counts
     # The sampler's gap follows the clock (about 1 ms of work between two timed samples, at most
     # sample_every): under callgrind every sample looks 50x slower and would be timed far more
     # often than natively. Pinned at sample_every, the gap is the native one of any stage whose
@@ -103,21 +107,25 @@ def _child(argv: list[str]) -> None:
     meters.TIME_ALL_NS = 1 << 62
     marks = ctypes.CDLL(args.marks)
     marks.marks_end.argtypes = [ctypes.c_char_p]
+    expected = {case: int(n) for case, _, n in (e.partition("=") for e in args.expect)}
+    data = {"index": args.index, "photos": args.photo}
 
     def run(case: str, on: bool, label: str | None) -> None:
+        reads, make, watched = COUNTED[case]
         if on:
             wd.stats.enable()
         if label:
             marks.marks_begin()
-        count = count_samples(CASES_BY_PLACES[case](args.index))
+        items = make(data[reads])
+        count = count_samples(wd.stats.watch(items) if on and watched else items)
         if label:
             marks.marks_end(label.encode())
         if on:
             if label:
                 print(f"{case}: timed {timed_shares(wd.stats.snapshot())}", flush=True)
             wd.stats.disable()
-        if count != args.expect:
-            sys.exit(f"{case} {'on' if on else 'off'}: {count} samples, expected {args.expect}")
+        if count != expected[case]:
+            sys.exit(f"{case} {'on' if on else 'off'}: {count} samples, expected {expected[case]}")
 
     for case in args.cases:
         run(case, False, None)  # untimed: lazy imports, the page cache, first-use caches

@@ -11,7 +11,7 @@ of two ways, neither of which costs anything per sample:
   function's locals name, at the offset its pending read starts at. Only the watchdog's request
   looks: the marked functions run as they are.
 
- A loader worker answers the watchdog's request (``stall.request`` in the run folder)
+A loader worker answers the watchdog's request (``stall.request`` in the run folder)
 from its publishing thread (:mod:`.recorder`: one ``stat`` per publication), writing
 ``stall-<request>-p<pid>.stack``: another thread than the one reading, so a worker whose main
 thread waits on a socket still answers. Nothing here runs while stats are off.
