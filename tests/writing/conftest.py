@@ -62,8 +62,8 @@ def samples() -> list[dict]:
 @pytest.fixture
 def store(monkeypatch):
     """An in-memory store registered as ``memlist://`` that lists but cannot delete
-    (test_restart_remote's ``ListingStore``: put, stamp, a glob list)."""
-    from tests.writing.test_restart_remote import ListingStore
+    (``memory_store.ListingStore``: put, stamp, a glob list)."""
+    from tests.writing.memory_store import ListingStore
     from wds_datapipes.shards import openers
     from wds_datapipes.storage.backend import Backend
 

@@ -4,24 +4,11 @@ an in-memory store registered as ``memlist://`` (put, stamp, a glob list; no del
 
 from __future__ import annotations
 
-import fnmatch
-
 import pytest
 
 from tests.writing.conftest import make_samples
-from tests.writing.test_write_to_storage import MemoryStore
 from wds_datapipes.errors import ShardWriteError
 from wds_datapipes.writing import write_shards
-
-
-class ListingStore(MemoryStore):
-    """test_write_to_storage's in-memory store (open, stamp, put), with a list of the URLs a glob matches."""
-
-    def list(self, spec: str, limits=None):
-        return iter(sorted(url for url in self.objects if fnmatch.fnmatchcase(url, str(spec))))
-
-    def shards(self) -> list[str]:
-        return sorted(url.rsplit("/", 1)[1] for url in self.objects if url.endswith(".tar"))
 
 
 @pytest.mark.parametrize("local_index", [False, True])

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import io
 import os
-import threading
-import time
 
 import pytest
 
 from tests.writing.conftest import make_samples
+from tests.writing.memory_store import MemoryStore
 from wds_datapipes.epochs.exact_epochs import ExactEpochs
 from wds_datapipes.epochs.index import ShardIndex
 from wds_datapipes.errors import ShardWriteError
@@ -18,46 +17,6 @@ from wds_datapipes.shards import openers
 from wds_datapipes.storage.backend import Backend
 from wds_datapipes.writing import write_shards
 from wds_datapipes.writing.destination import find_put, join_any
-
-
-class MemoryStore:
-    """Objects in a dict; ``put`` stores a whole file or raises (``fail[name]`` times)."""
-
-    def __init__(self):
-        self.objects: dict[str, bytes] = {}
-        self.puts: list[str] = []
-        self.fail: dict[str, int] = {}
-        self.slow = 0.0
-        self.spool_seen: list[int] = []
-        self.spool: str | None = None
-        self.lock = threading.Lock()
-
-    def open(self, url: str, start: int = 0):
-        if url not in self.objects:
-            raise FileNotFoundError(f"{url} does not exist")
-        stream = io.BytesIO(self.objects[url][start:])
-        stream.size, stream.version = len(self.objects[url]), str(hash(self.objects[url]))
-        return stream
-
-    def stamp(self, url: str, limits=None):
-        if url not in self.objects:
-            raise FileNotFoundError(f"{url} does not exist")
-        return len(self.objects[url]), str(hash(self.objects[url]))
-
-    def put(self, path: str, url: str, limits=None):
-        name = url.rsplit("/", 1)[-1]
-        if self.spool is not None and name.endswith(".tar"):
-            self.spool_seen.append(sum(n.endswith((".tar", ".part")) for _, _, names in os.walk(self.spool)
-                                       for n in names))
-        time.sleep(self.slow)
-        with self.lock:
-            if self.fail.get(name, 0) > 0:
-                self.fail[name] -= 1
-                raise ConnectionResetError(f"reset while uploading {name}")
-            with open(path, "rb") as stream:
-                self.objects[url] = stream.read()
-            self.puts.append(name)
-        return str(hash(self.objects[url]))
 
 
 @pytest.fixture
