@@ -89,6 +89,27 @@ def test_mixtures_count_the_draws_of_each_source(tmp_path, stats_on):
     assert s.sources["a"].objects >= 1 and s.sources["b"].objects >= 1  # each source's reads under its name
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["workers each epoch, set_epoch", "persistent workers"])
+def test_mixtures_count_each_epoch_apart_under_loader_workers(tmp_path, stats_on, persistent):
+    """Three epochs of a RandomMix under 2 forked DataLoader workers: new workers each epoch told
+    the epoch by ``set_epoch`` (as a loader's sampler is), or persistent workers whose mixture
+    counts its own epochs. Oracle: each epoch's samples' ``__source__``, counted by the test."""
+    a = write_shards(tmp_path / "a", 2, 20, prefix="a")
+    b = write_shards(tmp_path / "b", 2, 20, prefix="b")
+    mix = wd.RandomMix({"a": wd.ShardLister(a).load_tar().group_by_key(),
+                        "b": wd.ShardLister(b).load_tar().group_by_key()}, weights={"a": 2, "b": 1}, seed=0)
+    loader = fork_loader(mix, persistent_workers=persistent)
+    drawn = {}
+    for epoch in range(3):
+        if not persistent:
+            mix.set_epoch(epoch)
+        drawn[epoch] = collections.Counter(s["__source__"] for s in wd.stats.watch(loader))
+    s = wd.stats.snapshot()
+    found = {(m.epoch, m.source): m.samples for m in s.mixtures if m.mixer == "RandomMix"}
+    assert found == {(epoch, name): drawn[epoch][name] for epoch in range(3) for name in "ab"}
+    assert len({tuple(sorted(d.items())) for d in drawn.values()}) > 1  # the draws differ between epochs
+
+
 def _loaders(dp):
     """The loaders to read ``dp`` with, by name (the ones this stack has)."""
     from torchdata.stateful_dataloader import StatefulDataLoader
