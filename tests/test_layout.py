@@ -241,3 +241,16 @@ def test_the_flat_layout_s_module_paths_still_import_with_a_warning():
     with pytest.warns(DeprecationWarning):
         pipe = pickle.loads(old)
     assert type(pipe) is wd.TarLoader and list(pipe.source_datapipe) == ["a.tar", "b.tar"]
+
+
+def test_no_stage_knows_the_exporters():
+    """The stats' exporters (TensorBoard, Prometheus, profiler ranges, trace files) sit at the
+    room's edge: the stages report into the stats, which hand intervals to an observer they do
+    not name. Only the stats' public face (``wds_datapipes.stats``) and the exporters themselves
+    import ``wds_datapipes.stats.export``."""
+    edge = "wds_datapipes.stats.export"
+    for name, targets in GRAPH.items():
+        if name == "wds_datapipes.stats" or name == edge or name.startswith(edge + "."):
+            continue
+        knows = sorted(t for t in targets if t == edge or t.startswith(edge + "."))
+        assert not knows, f"{name} imports {knows}: a stage or a stats module that knows an exporter"
