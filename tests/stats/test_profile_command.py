@@ -93,3 +93,24 @@ def test_a_slow_server_makes_it_name_reading(tmp_path):
     assert "data is the limit" in done.stdout and f"source '{server.url('s-{000..001}.tar')}'" in done.stdout
     assert [line.split()[0] for line in lines[lines.index("each stage alone, in this process (every step up to it):")
                                               + 2:][:3]] == ["read", "tar", "batch"]
+
+
+def test_the_vision_recipe_names_decoding_for_photos(tmp_path):
+    """800x800 JPEGs through the README's ``vision`` recipe (decode_batches to 224x224 crops, then
+    tuples). Oracles: tarfile's count of the samples, os.stat's of the bytes, the recipe's own
+    steps in order, and the test's own decode of the same image (decoding and cropping cannot
+    cost less than half of a decode alone, a sample)."""
+    paths = write_jpeg_shards(tmp_path, 2, 8, side=800)
+    done = _profile(str(tmp_path / "j-{000..001}.tar"), "--recipe", "vision", "--workers", "2", "--batch-size", "4",
+                    "--json")
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    samples, size = _members(paths, ".jpg"), sum(os.path.getsize(p) for p in paths)
+    assert found["samples"] == samples == 16 and found["bytes"] == size
+    assert [r["stage"] for r in found["alone"]] == ["read", "tar", "decode", "transform"]
+    assert all(r["bytes"] == size for r in found["alone"] + found["whole"])
+    assert [r["workers"] for r in found["whole"]] == [1, 2]
+    assert found["limiting"]["stage"] == "decode"
+    jpeg = next(iter(wd.ShardLister(paths[:1]).load_tar().group_by_key()))["jpg"]
+    alone_ms = min(decode_seconds(jpeg) for _ in range(5)) * 1e3
+    assert found["alone"][2]["added_ms_per_sample"] >= 0.5 * alone_ms, (found["alone"][2], alone_ms)
