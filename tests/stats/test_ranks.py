@@ -83,3 +83,34 @@ def test_the_straggler_rule(stalls, straggler):
     assert result.straggler == straggler
     assert (result.stall_min, result.stall_max) == pytest.approx((min(stalls), max(stalls)))
     assert [r.batches_per_s for r in result.ranks] == [5.0] * len(stalls)
+
+
+def test_no_collective_runs_unless_a_gather_is_asked_for(tmp_path, monkeypatch):
+    """A gloo process group of one rank in this process; every collective of torch.distributed
+    wrapped to count its calls (the oracle). Stats on, a loop read through ``watch``: no call.
+    With ``gather_every=2`` over 6 batches: 3 calls."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import wds_datapipes as wd
+
+    calls = []
+    names = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all", "barrier",
+             "broadcast", "broadcast_object_list", "gather", "reduce", "reduce_scatter", "scatter")
+    for name in names:
+        real = getattr(dist, name)
+        monkeypatch.setattr(dist, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    wd.stats.enable()
+    try:
+        paths = write_shards(tmp_path, 2, 12)
+        dp = wd.ShardLister(paths).load_tar().group_by_key().batch_samples(4)
+        assert sum(1 for _ in wd.stats.watch(dp)) == 6
+        assert calls == [] and wd.stats.snapshot().ranks is None
+        assert sum(1 for _ in wd.stats.watch(dp, gather_every=2)) == 6
+        assert calls == ["all_gather"] * 3 and wd.stats.snapshot().ranks.straggler is None
+    finally:
+        wd.stats.disable()
+        dist.destroy_process_group()
