@@ -111,7 +111,7 @@ def main(argv=None) -> None:
             _instructions(bench, args.data, under_valgrind, photos_under_valgrind, passes)
         return
     with bench.results(args):
-        small_index = places_index(make_payload_shards(os.path.join(args.data, "payload"), 1, small, 2000),
+        small_index = places_index(make_payload_shards(os.path.join(args.data, f"payload-{small}"), 1, small, 2000),
                                    os.path.join(args.data, "index", f"payload-1k-{small}.json"))
         photo_files = make_photo_shards(os.path.join(args.data, "photos"), photos)
         photo_index = places_index(photo_files, os.path.join(args.data, "index", f"photos-{photos}.json"))

@@ -4,6 +4,7 @@ webdataset's ShardWriter (the peer every benchmark reads beside ours)."""
 
 from __future__ import annotations
 
+import glob
 import io
 import os
 
@@ -81,7 +82,8 @@ def make_payload_shards(folder: str, kilobytes: int, count: int = 4000, per_shar
     pattern = os.path.join(folder, f"payload-{kilobytes}k-%06d.tar")
     paths = [pattern % i for i in range((count + per_shard - 1) // per_shard)]
     stamp = os.path.join(folder, f".done-{kilobytes}-{count}-{per_shard}")
-    if os.path.exists(stamp):
+    layouts = glob.glob(os.path.join(folder, f".done-{kilobytes}-*"))  # another count rewrites the same files
+    if os.path.exists(stamp) and max(layouts, key=os.path.getmtime) == stamp:
         return paths
     data = os.urandom(kilobytes * 1024 + 4096)
     with wds.ShardWriter(pattern, maxcount=per_shard, verbose=0) as sink:
