@@ -114,3 +114,39 @@ def test_no_collective_runs_unless_a_gather_is_asked_for(tmp_path, monkeypatch):
     finally:
         wd.stats.disable()
         dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="nccl needs a CUDA device (none on this machine)")
+def test_the_gather_runs_over_nccl_on_the_cuda_device(tmp_path):
+    """One rank of an nccl group on this machine's GPU: ``gather_every=2`` over 6 batches gathers 3
+    times, its tensor on the CUDA device nccl needs (oracle: the tensors all_gather was handed)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import wds_datapipes as wd
+
+    devices = []
+    real = dist.all_gather
+
+    def all_gather(rows, tensor, *args, **kwargs):
+        devices.append(tensor.device.type)
+        return real(rows, tensor, *args, **kwargs)
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    wd.stats.enable()
+    try:
+        dist.all_gather = all_gather
+        paths = write_shards(tmp_path, 2, 12)
+        dp = wd.ShardLister(paths).load_tar().group_by_key().batch_samples(4)
+        assert sum(1 for _ in wd.stats.watch(dp, gather_every=2)) == 6
+        ranks = wd.stats.snapshot().ranks
+    finally:
+        dist.all_gather = real
+        wd.stats.disable()
+        dist.destroy_process_group()
+    assert devices == ["cuda"] * 3
+    assert [r.rank for r in ranks.ranks] == [0] and ranks.ranks[0].steps == 2 and ranks.straggler is None
