@@ -110,7 +110,8 @@ class StallingServer(ShardServer):
     """A :class:`ShardServer` whose answer for ``stalled`` stops once, until ``release`` is set
     (30 s at most), then goes on: a GET's body after ``at`` of its bytes, or with ``head=True`` a
     HEAD's answer before its status line. ``stalling`` is set when it stops;
-    ``sent_before_stall``: the body bytes it had sent then (from the Range's start).
+    ``sent_before_stall``: the body bytes it had sent then (from the Range's start,
+    ``stalled_from``).
     ``stalled=None`` stops nothing (set it later to arm the server)."""
 
     def __init__(self, folder: str, stalled: str | None, at: int = 0, head: bool = False):
@@ -119,6 +120,7 @@ class StallingServer(ShardServer):
         self.stalled, self.at, self.head = stalled, at, head
         self.release, self.stalling = threading.Event(), threading.Event()
         self.sent_before_stall: int | None = None
+        self.stalled_from: int | None = None  # the byte the stopped GET's Range began at (0: none)
 
     def stops(self, name: str, head: bool) -> bool:
         """Whether this request stops now (once: the first one asked after arming)."""
@@ -153,7 +155,7 @@ class _StallingHandler(_Handler):
         try:
             self.wfile.write(body[: server.at])
             self.wfile.flush()
-            server.sent_before_stall = server.at
+            server.sent_before_stall, server.stalled_from = server.at, start
             if server.stops(name, head=False):
                 server.release.wait(30)
             self.wfile.write(body[server.at :])

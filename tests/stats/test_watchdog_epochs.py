@@ -127,3 +127,27 @@ def test_a_hung_check_of_a_cached_copy_names_the_shard_it_opens(tmp_path, stats_
     assert thread["shard"]["host"] == host and thread["shard"]["offset"] is None
     assert any("open_usable" in line for line in thread["stack"])
     assert f"opening {urls[2]} (server {host})" in record.getMessage()
+
+
+def test_a_hung_read_of_a_span_that_starts_inside_its_shard_counts_from_the_shard_s_start(tmp_path, stats_on,
+                                                                                         stall_log):
+    """Rank 1 of 2 reads the second half of one remote shard through its headers, opened at its
+    first sample (a Range request); the server stops after 5,000 bytes of that answer. Oracles:
+    tarfile's offset of the header of rank 1's first sample, the Range the server was asked for,
+    and the server's count of the bytes it sent: the logged offset is the shard's byte, not the
+    answer's."""
+    import tarfile
+
+    paths = write_shards(tmp_path / "remote", 1, 24, size=3000)
+    with StallingServer(str(tmp_path / "remote"), None, at=5000) as server:
+        url = server.url("s-000.tar")
+        index = write_index([url], tmp_path / "index.json")  # sample offsets, no places
+        server.stalled = "s-000.tar"
+        stall_log.release_on(url, "reading", server.release)
+        got = _keys(wd.stats.watch(wd.ExactEpochs(index, batch_size=4, rank=1, world_size=2, shuffle=False),
+                                   stall_s=1.5))
+    with tarfile.open(paths[0]) as tar:
+        first = next(m.offset for m in tar if m.name.startswith(got[0] + "."))
+    assert len(got) == 12 and first > 0 and server.stalled_from == first
+    _, thread = _the_warning(stall_log, url, "reading")
+    assert thread["shard"]["offset"] == first + server.sent_before_stall == first + 5000
