@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import PIL.Image
 import PIL.ImageFile
@@ -11,6 +9,7 @@ import torch
 import webdataset.autodecode as wds_autodecode
 from torch.utils.data.datapipes.iter import IterableWrapper
 
+from tests.decoding.image_files import pillow
 from wds_datapipes.decoding.decoder import Decoder
 
 URL = "file:///data/shard-000017.tar"
@@ -28,16 +27,7 @@ def pixels(width: int, height: int, seed: int = 0) -> np.ndarray:
 
 
 def encode_image(width: int, height: int, mode: str = "RGB", fmt: str = "JPEG", seed: int = 0, **save) -> bytes:
-    image = PIL.Image.fromarray(pixels(width, height, seed)).convert(mode)
-    stream = io.BytesIO()
-    # Pillow's guess of the buffer a progressive JPEG needs (2 bytes a pixel at quality >= 95) is
-    # too small for noise at quality 100 ("broken data stream when writing image file").
-    saved, PIL.ImageFile.MAXBLOCK = PIL.ImageFile.MAXBLOCK, max(PIL.ImageFile.MAXBLOCK, 4 * width * height)
-    try:
-        image.save(stream, fmt, **save)
-    finally:
-        PIL.ImageFile.MAXBLOCK = saved
-    return stream.getvalue()
+    return pillow(PIL.Image.fromarray(pixels(width, height, seed)).convert(mode), fmt, **save)
 
 
 def make_jpeg(width: int = 64, height: int = 48, mode: str = "RGB", seed: int = 0, **save) -> bytes:

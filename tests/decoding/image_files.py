@@ -55,8 +55,17 @@ def png(samples: np.ndarray, color_type: int, bits: int, interlaced: bool = Fals
 
 
 def pillow(image: Image.Image, fmt: str, **options) -> bytes:
+    """``image`` saved by Pillow as ``fmt``. Pillow's guess of the buffer a progressive JPEG needs
+    (2 bytes a pixel at quality >= 95, 1 below) is too small for noisy pictures at high quality
+    ("broken data stream when writing image file"): the save gets 4 bytes a pixel."""
+    from PIL import ImageFile
+
     out = io.BytesIO()
-    image.save(out, format=fmt, **options)
+    saved, ImageFile.MAXBLOCK = ImageFile.MAXBLOCK, max(ImageFile.MAXBLOCK, 4 * image.width * image.height)
+    try:
+        image.save(out, format=fmt, **options)
+    finally:
+        ImageFile.MAXBLOCK = saved
     return out.getvalue()
 
 
