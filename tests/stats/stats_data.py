@@ -69,3 +69,23 @@ def decode_seconds(jpeg: bytes) -> float:
     else:
         Image.open(io.BytesIO(jpeg)).convert("RGB").load()
     return time.perf_counter() - began
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 no one listens on now (for a process group's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(script: str, args: list[list[str]]):
+    """One ``python -c script`` process per rank of a gloo world of ``len(args)``, rank ``r`` given
+    ``args[r]`` and torch's env:// variables; their output piped. Communicate with them, kill them after."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(len(args))}
+    return [subprocess.Popen([sys.executable, "-c", script, *argv], env={**env, "RANK": str(rank)},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank, argv in enumerate(args)]

@@ -37,6 +37,20 @@ def _members(paths: list[str], suffix: str) -> int:
     return count
 
 
+def _every_run_read_it_all(done: subprocess.CompletedProcess, paths: list[str], stages: list[str]):
+    """The command's JSON, checked: it succeeded, counted the shards' samples (tarfile's count of
+    their JPEGs) and bytes (os.stat's) in every run, timed ``stages`` alone in order, and the
+    pipeline whole with 1 and 2 workers. Returns (the JSON, the samples, the bytes)."""
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    samples, size = _members(paths, ".jpg"), sum(os.path.getsize(p) for p in paths)
+    assert found["samples"] == samples and found["bytes"] == size
+    assert [r["stage"] for r in found["alone"]] == stages
+    assert all(r["bytes"] == size for r in found["alone"] + found["whole"])
+    assert [r["workers"] for r in found["whole"]] == [1, 2]
+    return found, samples, size
+
+
 def test_big_images_make_it_name_decoding_and_agree_with_the_api(tmp_path, stats_on):
     """1600x1600 JPEGs through the ``decode`` recipe. Oracles: tarfile's count of the samples and
     os.stat's of the bytes (every run reads them all), the test's own decode of the same image
@@ -46,14 +60,9 @@ def test_big_images_make_it_name_decoding_and_agree_with_the_api(tmp_path, stats
     paths = write_jpeg_shards(tmp_path, 2, 6, side=1600)
     spec = str(tmp_path / "j-{000..001}.tar")
     done = _profile(spec, "--recipe", "decode", "--workers", "2", "--batch-size", "4", "--json")
-    assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout)
-    samples, size = _members(paths, ".jpg"), sum(os.path.getsize(p) for p in paths)
-    assert found["samples"] == samples == 12 and found["bytes"] == size
-    assert [r["stage"] for r in found["alone"]] == ["read", "tar", "decode", "batch"]
-    assert all(r["bytes"] == size for r in found["alone"] + found["whole"])
+    found, samples, size = _every_run_read_it_all(done, paths, ["read", "tar", "decode", "batch"])
+    assert samples == 12
     assert all(r["samples"] == samples for r in found["alone"][1:] + found["whole"])
-    assert [r["workers"] for r in found["whole"]] == [1, 2]
     assert found["limiting"]["stage"] == "decode" and found["limiting"]["setting"] == "decode_threads"
     assert found["limiting"]["share"] > found["limiting"]["next_share"]
 
@@ -103,13 +112,8 @@ def test_the_vision_recipe_names_decoding_for_photos(tmp_path):
     paths = write_jpeg_shards(tmp_path, 2, 8, side=800)
     done = _profile(str(tmp_path / "j-{000..001}.tar"), "--recipe", "vision", "--workers", "2", "--batch-size", "4",
                     "--json")
-    assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout)
-    samples, size = _members(paths, ".jpg"), sum(os.path.getsize(p) for p in paths)
-    assert found["samples"] == samples == 16 and found["bytes"] == size
-    assert [r["stage"] for r in found["alone"]] == ["read", "tar", "decode", "transform"]
-    assert all(r["bytes"] == size for r in found["alone"] + found["whole"])
-    assert [r["workers"] for r in found["whole"]] == [1, 2]
+    found, samples, _ = _every_run_read_it_all(done, paths, ["read", "tar", "decode", "transform"])
+    assert samples == 16
     assert found["limiting"]["stage"] == "decode"
     jpeg = next(iter(wd.ShardLister(paths[:1]).load_tar().group_by_key()))["jpg"]
     alone_ms = min(decode_seconds(jpeg) for _ in range(5)) * 1e3

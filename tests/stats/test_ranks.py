@@ -4,14 +4,10 @@ gather names it the straggler on both ranks. And the rule, on rows made by hand.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from stats_data import write_shards
+from stats_data import free_port, start_ranks, write_shards
 
 from wds_datapipes.stats import rank_stats
 
@@ -43,21 +39,12 @@ RANK = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_straggler_of_two_gloo_ranks_is_named(tmp_path):
     """Oracle: the injected delay is on rank 1's data only (rank 0's steps wait for it in the
     all_reduce, so its own data wait stays low)."""
     paths = write_shards(tmp_path, 4, 8)  # each rank reads 2 shards: 4 batches of 4
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
     outs = [tmp_path / f"rank{rank}.json" for rank in range(2)]
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(outs[rank]), *paths],
-                              env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for rank in range(2)]
+    ranks = start_ranks(RANK, [[str(out), *paths] for out in outs])
     try:
         logs = [p.communicate(timeout=180)[0].decode() for p in ranks]
     finally:
@@ -101,7 +88,7 @@ def test_no_collective_runs_unless_a_gather_is_asked_for(tmp_path, monkeypatch):
     for name in names:
         real = getattr(dist, name)
         monkeypatch.setattr(dist, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=30))
     wd.stats.enable()
     try:
@@ -135,7 +122,7 @@ def test_the_gather_runs_over_nccl_on_the_cuda_device(tmp_path):
         return real(rows, tensor, *args, **kwargs)
 
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=60))
     wd.stats.enable()
     try:

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -17,7 +14,7 @@ import pytest
 from shard_server import StallingServer
 from stack import DataLoader2, needs_dataloader2
 from stall_log import stuck_on
-from stats_data import write_shards
+from stats_data import start_ranks, write_shards
 
 import wds_datapipes as wd
 
@@ -101,12 +98,6 @@ RANK = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_rank_whose_read_hangs_is_the_one_that_logs_it(tmp_path):
     """Two gloo ranks; rank 0 reads over HTTP and one of its shards stops, rank 1 reads local
     shards and then waits for rank 0 in each step's all_reduce (a long step, not a wait on data).
@@ -114,13 +105,10 @@ def test_the_rank_whose_read_hangs_is_the_one_that_logs_it(tmp_path):
     the steps both ranks took."""
     local = write_shards(tmp_path / "local", 4, 12, size=3000, prefix="l")
     write_shards(tmp_path / "remote", 4, 12, size=3000)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
     outs = [tmp_path / f"rank{rank}.json" for rank in range(2)]
     with StallingServer(str(tmp_path / "remote"), "s-002.tar", at=AT) as server:
         specs = [server.url("s-{000..003}.tar"), str(tmp_path / "local" / "l-{000..003}.tar")]
-        ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(outs[rank]), specs[rank]],
-                                  env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for rank in range(2)]
+        ranks = start_ranks(RANK, [[str(out), spec] for out, spec in zip(outs, specs)])
         try:
             log = outs[0].with_name("rank0.json.log")
             deadline = time.monotonic() + 120
