@@ -23,18 +23,24 @@ ffmpeg:
 	@command -v curl >/dev/null || { $(SUDO) apt-get update -qq && \
 		$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl; }
 
+# The installs go through uv (pinned in the constraints files, installed by the venv's own pip): it installs
+# each stack in about 30 s where pip took minutes, and it hard-links every file from its one cache
+# (~/.cache/uv) instead of unpacking each wheel into a temporary folder and then into the venv. Both stacks
+# (CUDA wheels of torch, about 5.5 GB each) then take their size once, and a second clone adds nothing.
+# pip in these venvs is left as the venv made it: tests/test_package.py installs the wheel with it.
+UV_PIP = uv pip install --quiet
 $(INSTALLED): pyproject.toml constraints.txt | ffmpeg
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt uv
+	$(BIN)/$(UV_PIP) --python $(BIN)/python -c constraints.txt -e '.[dev]'
 	touch $(INSTALLED)
 
 setup-newest: $(NEWEST_INSTALLED)
 
 $(NEWEST_INSTALLED): pyproject.toml constraints-newest.txt | ffmpeg
 	$(PYTHON) -m venv $(NEWEST)
-	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
-	$(NEWEST)/bin/python -m pip install --quiet -c constraints-newest.txt -e '.[dev]'
+	$(NEWEST)/bin/python -m pip install --quiet -c constraints-newest.txt uv
+	$(NEWEST)/bin/$(UV_PIP) --python $(NEWEST)/bin/python -c constraints-newest.txt -e '.[dev]'
 	touch $(NEWEST_INSTALLED)
 
 # The main job: digits -> shards -> DataLoader2 (2 workers) -> a small CNN.
@@ -99,7 +105,7 @@ BENCH_ARGS ?=
 # The pipeline rows and the audio and video rows on the tested stack, then the vision recipe under torchdata.nodes
 # (only the newest stack has it) beside DataLoader on the same photos.
 bench: setup setup-newest
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/$(UV_PIP) --python $(BIN)/python -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.bench_pipeline $(BENCH_ARGS)
 	$(BIN)/python -m benchmarks.bench_media $(BENCH_ARGS)
 	$(NEWEST)/bin/python -m benchmarks.bench_nodes $(BENCH_ARGS)
@@ -111,7 +117,7 @@ bench-nodes: setup-newest
 	$(NEWEST)/bin/python -m benchmarks.bench_nodes $(BENCH_ARGS)
 
 bench-media: setup
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/$(UV_PIP) --python $(BIN)/python -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.bench_media $(BENCH_ARGS)
 
 bench-cache: setup
@@ -133,7 +139,7 @@ bench-write: setup
 	$(BIN)/python -m benchmarks.bench_write $(BENCH_ARGS)
 
 bench-ais: setup
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/$(UV_PIP) --python $(BIN)/python -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.bench_ais $(BENCH_ARGS)
 
 # Object stores on the local AIStore cluster's S3 API: the client libraries, then s3://,
@@ -141,7 +147,7 @@ bench-ais: setup
 # of its own: its aiobotocore pins an older botocore than the bench's boto3.
 S3FS_VENV := build/venv-s3fs
 bench-storage: setup
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/$(UV_PIP) --python $(BIN)/python -c constraints.txt -e '.[dev,bench]'
 	test -x $(S3FS_VENV)/bin/python || { $(PYTHON) -m venv $(S3FS_VENV) && \
 		$(S3FS_VENV)/bin/python -m pip install --quiet s3fs==2026.9.0; }
 	$(BIN)/python -m benchmarks.bench_storage --s3fs-python $(S3FS_VENV)/bin/python $(BENCH_ARGS)
