@@ -15,6 +15,7 @@ NEWEST_INSTALLED := $(NEWEST)/.installed
 setup: $(INSTALLED)
 
 # TorchCodec decodes audio and video with the system's FFmpeg libraries (Debian 12: 5.1).
+COMMA := ,
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ffmpeg:
 	@ldconfig -p | grep -q 'libavformat\.so\.' || { $(SUDO) apt-get update -qq && \
@@ -27,20 +28,30 @@ ffmpeg:
 # each stack in about 30 s where pip took minutes, and it hard-links every file from its one cache
 # (~/.cache/uv) instead of unpacking each wheel into a temporary folder and then into the venv. Both stacks
 # (CUDA wheels of torch, about 5.5 GB each) then take their size once, and a second clone adds nothing.
-# pip in these venvs is left as the venv made it: tests/test_package.py installs the wheel with it.
-UV_PIP = uv pip install --quiet
+# uv has settings of its own: the index and wheel folders a machine gives pip are passed on, and
+# --system-certs reads the machine's certificate store as pip does (uv's own roots fail behind a
+# TLS-inspecting proxy). Were uv to fail, pip installs the same pins. pip in the venvs is left as the venv
+# made it: tests/test_package.py installs the wheel with it.
+UV_ENV = $(if $(PIP_INDEX_URL),UV_DEFAULT_INDEX='$(PIP_INDEX_URL)') \
+	$(if $(PIP_EXTRA_INDEX_URL),UV_INDEX='$(PIP_EXTRA_INDEX_URL)') \
+	$(if $(wildcard $(PIP_FIND_LINKS)),UV_FIND_LINKS='$(PIP_FIND_LINKS)')
+# $(call install,venv,constraints,extras)
+define install
+$(1)/bin/python -m pip install --quiet -c $(2) uv
+$(UV_ENV) $(1)/bin/uv pip install --quiet --system-certs --python $(1)/bin/python -c $(2) -e '.[$(3)]' || \
+	{ echo "uv failed: installing with pip"; $(1)/bin/python -m pip install --quiet -c $(2) -e '.[$(3)]'; }
+endef
+
 $(INSTALLED): pyproject.toml constraints.txt | ffmpeg
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt uv
-	$(BIN)/$(UV_PIP) --python $(BIN)/python -c constraints.txt -e '.[dev]'
+	$(call install,$(VENV),constraints.txt,dev)
 	touch $(INSTALLED)
 
 setup-newest: $(NEWEST_INSTALLED)
 
 $(NEWEST_INSTALLED): pyproject.toml constraints-newest.txt | ffmpeg
 	$(PYTHON) -m venv $(NEWEST)
-	$(NEWEST)/bin/python -m pip install --quiet -c constraints-newest.txt uv
-	$(NEWEST)/bin/$(UV_PIP) --python $(NEWEST)/bin/python -c constraints-newest.txt -e '.[dev]'
+	$(call install,$(NEWEST),constraints-newest.txt,dev)
 	touch $(NEWEST_INSTALLED)
 
 # The main job: digits -> shards -> DataLoader2 (2 workers) -> a small CNN.
@@ -105,7 +116,7 @@ BENCH_ARGS ?=
 # The pipeline rows and the audio and video rows on the tested stack, then the vision recipe under torchdata.nodes
 # (only the newest stack has it) beside DataLoader on the same photos.
 bench: setup setup-newest
-	$(BIN)/$(UV_PIP) --python $(BIN)/python -c constraints.txt -e '.[dev,bench]'
+	$(call install,$(VENV),constraints.txt,dev$(COMMA)bench)
 	$(BIN)/python -m benchmarks.bench_pipeline $(BENCH_ARGS)
 	$(BIN)/python -m benchmarks.bench_media $(BENCH_ARGS)
 	$(NEWEST)/bin/python -m benchmarks.bench_nodes $(BENCH_ARGS)
@@ -117,7 +128,7 @@ bench-nodes: setup-newest
 	$(NEWEST)/bin/python -m benchmarks.bench_nodes $(BENCH_ARGS)
 
 bench-media: setup
-	$(BIN)/$(UV_PIP) --python $(BIN)/python -c constraints.txt -e '.[dev,bench]'
+	$(call install,$(VENV),constraints.txt,dev$(COMMA)bench)
 	$(BIN)/python -m benchmarks.bench_media $(BENCH_ARGS)
 
 bench-cache: setup
@@ -139,7 +150,7 @@ bench-write: setup
 	$(BIN)/python -m benchmarks.bench_write $(BENCH_ARGS)
 
 bench-ais: setup
-	$(BIN)/$(UV_PIP) --python $(BIN)/python -c constraints.txt -e '.[dev,bench]'
+	$(call install,$(VENV),constraints.txt,dev$(COMMA)bench)
 	$(BIN)/python -m benchmarks.bench_ais $(BENCH_ARGS)
 
 # Object stores on the local AIStore cluster's S3 API: the client libraries, then s3://,
@@ -147,7 +158,7 @@ bench-ais: setup
 # of its own: its aiobotocore pins an older botocore than the bench's boto3.
 S3FS_VENV := build/venv-s3fs
 bench-storage: setup
-	$(BIN)/$(UV_PIP) --python $(BIN)/python -c constraints.txt -e '.[dev,bench]'
+	$(call install,$(VENV),constraints.txt,dev$(COMMA)bench)
 	test -x $(S3FS_VENV)/bin/python || { $(PYTHON) -m venv $(S3FS_VENV) && \
 		$(S3FS_VENV)/bin/python -m pip install --quiet s3fs==2026.9.0; }
 	$(BIN)/python -m benchmarks.bench_storage --s3fs-python $(S3FS_VENV)/bin/python $(BENCH_ARGS)
