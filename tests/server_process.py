@@ -102,7 +102,7 @@ def launch(name: str, workdir: Path, timeout: float, probe_path: str,
     """Starts a server on a free port and waits until ``GET <it><probe_path>`` answers; a port
     taken between choosing and binding it is tried again with another (twice)."""
     for attempt in range(3):
-        port = _free_port()
+        port = free_port()
         endpoint = f"http://127.0.0.1:{port}"
         server = _Process(name, argv_for(port), workdir)
         try:
@@ -131,7 +131,8 @@ def group_members(group: int) -> list[int]:
     return found
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that no one listens on now (a server's, or a process group's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

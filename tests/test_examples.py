@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from server_process import free_port
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _torchrun(tmp_path: Path, *args: str) -> str:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
                str(EXAMPLES / "ddp_exact_epochs.py"), "--data", str(tmp_path / "data"),
                "--checkpoint", str(tmp_path / "ckpt.pt"), *args]
     run = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False, cwd=tmp_path,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 from ais_helpers import reference_samples
 from etl_transforms import AddToClass, EchoRequest, Failing, Passthrough
 from faulty_proxy import FaultyRelay
+from server_process import free_port
 from stack import two_worker_loader
 
 from aisio import AISSourceLister, ETLError, open_ais_url
@@ -65,19 +65,13 @@ def test_etl_local_requests_carry_no_etl_to_the_cluster(dataset, monkeypatch):
     assert gets and not any("etl" in q for q in gets)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def etl_server_process(ais_endpoint):
     """Runs an ETL class as AIStore's runtime does: its own process, ``start()`` serving HTTP."""
     procs = []
 
     def start(cls_name: str) -> str:
-        port = _free_port()
+        port = free_port()
         code = f"from etl_transforms import {cls_name}; {cls_name}(host='127.0.0.1', port={port}).start()"
         env = dict(os.environ, AIS_TARGET_URL=ais_endpoint, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from builders import write_index
+from server_process import free_port
 from stack import needs_dataloader2
 
 UNEVEN = [100, 30, 71, 5, 90, 47, 50]  # 393 samples in 7 shards
@@ -24,15 +24,9 @@ JOB = str(Path(__file__).parent.parent / "epoch_job.py")  # the helpers sit in t
 TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ranks(tmp_path: Path, name: str, world: int, *args: str) -> list[dict]:
     """Runs ``world`` ranks of the job; returns each rank's output. A hang fails the test."""
-    port = _free_port()
+    port = free_port()
     procs, outs = [], []
     for rank in range(world):
         out = tmp_path / f"{name}-rank{rank}.json"

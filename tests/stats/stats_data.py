@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import webdataset as wds
 from PIL import Image
+from server_process import free_port
 
 
 def write_shards(folder: Path | str, shards: int, per_shard: int, size: int = 100, prefix: str = "s",
@@ -69,15 +70,6 @@ def decode_seconds(jpeg: bytes) -> float:
     else:
         Image.open(io.BytesIO(jpeg)).convert("RGB").load()
     return time.perf_counter() - began
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 no one listens on now (for a process group's rendezvous)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_ranks(script: str, args: list[list[str]]):

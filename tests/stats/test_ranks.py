@@ -7,7 +7,8 @@ import json
 import textwrap
 
 import pytest
-from stats_data import free_port, start_ranks, write_shards
+from server_process import free_port
+from stats_data import start_ranks, write_shards
 
 from wds_datapipes.stats import rank_stats
 
