@@ -15,7 +15,6 @@ NEWEST_INSTALLED := $(NEWEST)/.installed
 setup: $(INSTALLED)
 
 # TorchCodec decodes audio and video with the system's FFmpeg libraries (Debian 12: 5.1).
-COMMA := ,
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ffmpeg:
 	@ldconfig -p | grep -q 'libavformat\.so\.' || { $(SUDO) apt-get update -qq && \
@@ -35,7 +34,8 @@ ffmpeg:
 UV_ENV = $(if $(PIP_INDEX_URL),UV_DEFAULT_INDEX='$(PIP_INDEX_URL)') \
 	$(if $(PIP_EXTRA_INDEX_URL),UV_INDEX='$(PIP_EXTRA_INDEX_URL)') \
 	$(if $(wildcard $(PIP_FIND_LINKS)),UV_FIND_LINKS='$(PIP_FIND_LINKS)')
-# $(call install,venv,constraints,extras)
+# $(call install,venv,constraints,extras); extras with $(COMMA) between them
+COMMA := ,
 define install
 $(1)/bin/python -m pip install --quiet -c $(2) uv
 $(UV_ENV) $(1)/bin/uv pip install --quiet --system-certs --python $(1)/bin/python -c $(2) -e '.[$(3)]' || \
@@ -48,6 +48,13 @@ $(INSTALLED): pyproject.toml constraints.txt | ffmpeg
 	touch $(INSTALLED)
 
 setup-newest: $(NEWEST_INSTALLED)
+
+# The peers some benchmarks compare (the bench extra: litdata, PyAV, S3 clients, the aistore SDK's datasets),
+# installed into .venv once and again when the stack is.
+BENCH_INSTALLED := $(VENV)/.bench-installed
+$(BENCH_INSTALLED): $(INSTALLED)
+	$(call install,$(VENV),constraints.txt,dev$(COMMA)bench)
+	touch $(BENCH_INSTALLED)
 
 $(NEWEST_INSTALLED): pyproject.toml constraints-newest.txt | ffmpeg
 	$(PYTHON) -m venv $(NEWEST)
@@ -115,8 +122,7 @@ BENCH_ARGS ?=
 
 # The pipeline rows and the audio and video rows on the tested stack, then the vision recipe under torchdata.nodes
 # (only the newest stack has it) beside DataLoader on the same photos.
-bench: setup setup-newest
-	$(call install,$(VENV),constraints.txt,dev$(COMMA)bench)
+bench: setup setup-newest $(BENCH_INSTALLED)
 	$(BIN)/python -m benchmarks.bench_pipeline $(BENCH_ARGS)
 	$(BIN)/python -m benchmarks.bench_media $(BENCH_ARGS)
 	$(NEWEST)/bin/python -m benchmarks.bench_nodes $(BENCH_ARGS)
@@ -127,8 +133,7 @@ bench-epochs: setup
 bench-nodes: setup-newest
 	$(NEWEST)/bin/python -m benchmarks.bench_nodes $(BENCH_ARGS)
 
-bench-media: setup
-	$(call install,$(VENV),constraints.txt,dev$(COMMA)bench)
+bench-media: setup $(BENCH_INSTALLED)
 	$(BIN)/python -m benchmarks.bench_media $(BENCH_ARGS)
 
 bench-cache: setup
@@ -149,16 +154,14 @@ valgrind:
 bench-write: setup
 	$(BIN)/python -m benchmarks.bench_write $(BENCH_ARGS)
 
-bench-ais: setup
-	$(call install,$(VENV),constraints.txt,dev$(COMMA)bench)
+bench-ais: setup $(BENCH_INSTALLED)
 	$(BIN)/python -m benchmarks.bench_ais $(BENCH_ARGS)
 
 # Object stores on the local AIStore cluster's S3 API: the client libraries, then s3://,
 # http://, ais:// and webdataset's pipe:curl / pipe:aws on the same objects. s3fs gets a venv
 # of its own: its aiobotocore pins an older botocore than the bench's boto3.
 S3FS_VENV := build/venv-s3fs
-bench-storage: setup
-	$(call install,$(VENV),constraints.txt,dev$(COMMA)bench)
+bench-storage: setup $(BENCH_INSTALLED)
 	test -x $(S3FS_VENV)/bin/python || { $(PYTHON) -m venv $(S3FS_VENV) && \
 		$(S3FS_VENV)/bin/python -m pip install --quiet s3fs==2026.9.0; }
 	$(BIN)/python -m benchmarks.bench_storage --s3fs-python $(S3FS_VENV)/bin/python $(BENCH_ARGS)
