@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import webdataset as wds
 from PIL import Image
 from server_process import free_port
+from stack import DataLoader2
 
 
 def write_shards(folder: Path | str, shards: int, per_shard: int, size: int = 100, prefix: str = "s",
@@ -55,6 +58,31 @@ def fork_loader(dp, workers: int = 2, **options):
                                        **options)
 
 
+def loader_named(name: str, dp):
+    """``dp`` under the loader ``name``: "plain" (the pipe itself), "DataLoader", "StatefulDataLoader"
+    and "DataLoader2" with 2 forked workers, "torchdata.nodes" a prefetching thread of this
+    process. Skips the test where this stack has no torchdata.nodes (mark DataLoader2's cases
+    with ``stack.needs_dataloader2``). Shut down what has ``shutdown`` when done."""
+    import pytest
+
+    import wds_datapipes as wd
+
+    if name == "plain":
+        return dp
+    if name == "DataLoader":
+        return fork_loader(dp)
+    if name == "StatefulDataLoader":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader(dp, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    if name == "DataLoader2":
+        return DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=2))
+    if name == "torchdata.nodes":
+        tn = pytest.importorskip("torchdata.nodes", reason="torchdata < 0.10 has no torchdata.nodes (the newest stack has)")
+        return tn.Loader(tn.Prefetcher(tn.IterableWrapper(dp), prefetch_factor=2))
+    raise ValueError(f"no loader named {name!r}")
+
+
 def decode_seconds(jpeg: bytes) -> float:
     """The time one decode of ``jpeg`` takes here, as ``decode`` does it: simplejpeg, Pillow where
     it is missing (the slow-decoding tests' oracle)."""
@@ -75,9 +103,6 @@ def decode_seconds(jpeg: bytes) -> float:
 def start_ranks(script: str, args: list[list[str]]):
     """One ``python -c script`` process per rank of a gloo world of ``len(args)``, rank ``r`` given
     ``args[r]`` and torch's env:// variables; their output piped. Communicate with them, kill them after."""
-    import subprocess
-    import sys
-
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(len(args))}
     return [subprocess.Popen([sys.executable, "-c", script, *argv], env={**env, "RANK": str(rank)},
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank, argv in enumerate(args)]

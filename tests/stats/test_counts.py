@@ -11,7 +11,7 @@ import pytest
 import torch
 from builders import write_index
 from stack import needs_dataloader2
-from stats_data import fork_loader, write_shards
+from stats_data import fork_loader, loader_named, write_shards
 
 import wds_datapipes as wd
 
@@ -110,23 +110,13 @@ def test_mixtures_count_each_epoch_apart_under_loader_workers(tmp_path, stats_on
     assert len({tuple(sorted(d.items())) for d in drawn.values()}) > 1  # the draws differ between epochs
 
 
-def _loaders(dp):
-    """The loaders to read ``dp`` with, by name (the ones this stack has)."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    made = {"plain": lambda: dp, "DataLoader": lambda: fork_loader(dp),
-            "StatefulDataLoader": lambda: StatefulDataLoader(dp, batch_size=None, num_workers=2,
-                                                             multiprocessing_context="fork")}
-    return made
-
-
 @pytest.mark.parametrize("loader", ["plain", "DataLoader", "StatefulDataLoader"])
 def test_watch_and_the_workers_counts_under_each_loader(tmp_path, stats_on, loader):
     """The same pipeline under each loader: every batch watched, every sample counted
     (oracle: the batches the loop received)."""
     paths = write_shards(tmp_path, 4, 12)
     dp = wd.ShardLister(paths).load_tar().group_by_key().batch_samples(5)
-    batches = list(wd.stats.watch(_loaders(dp)[loader]()))
+    batches = list(wd.stats.watch(loader_named(loader, dp)))
     s = wd.stats.snapshot()
     assert s.wait.steps + s.wait.starts == len(batches) and s.stages["tar"].items == len(_keys(batches)) == 48
     assert s.stages["batch"].items == len(batches)
@@ -135,11 +125,9 @@ def test_watch_and_the_workers_counts_under_each_loader(tmp_path, stats_on, load
 @needs_dataloader2
 def test_watch_and_the_workers_counts_under_dataloader2(tmp_path, stats_on):
     """DataLoader2 tells its workers no id of torch's: the lister's topology names them."""
-    from stack import DataLoader2
-
     paths = write_shards(tmp_path, 4, 12)
     dp = wd.ShardLister(paths).load_tar().group_by_key().batch_samples(5)
-    loader = DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=2))
+    loader = loader_named("DataLoader2", dp)
     try:
         batches = list(wd.stats.watch(loader))
     finally:
@@ -151,10 +139,9 @@ def test_watch_and_the_workers_counts_under_dataloader2(tmp_path, stats_on):
 
 def test_watch_under_torchdata_nodes(tmp_path, stats_on):
     """A torchdata.nodes Loader runs the pipe in a thread of the training process: counted there."""
-    tn = pytest.importorskip("torchdata.nodes", reason="torchdata < 0.10 has no torchdata.nodes (the newest stack has)")
     paths = write_shards(tmp_path, 4, 12)
     dp = wd.ShardLister(paths).load_tar().group_by_key().batch_samples(5)
-    loader = tn.Loader(tn.Prefetcher(tn.IterableWrapper(dp), prefetch_factor=2))
+    loader = loader_named("torchdata.nodes", dp)
     batches = list(wd.stats.watch(loader))
     s = wd.stats.snapshot()
     assert s.stages["tar"].items == len(_keys(batches)) == 48 and s.wait.steps + s.wait.starts == len(batches)

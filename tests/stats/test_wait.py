@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from stack import DataLoader2, needs_dataloader2
-from stats_data import fork_loader, write_shards
+from stack import needs_dataloader2
+from stats_data import fork_loader, loader_named, write_shards
 
 import wds_datapipes as wd
 
@@ -15,22 +15,6 @@ import wds_datapipes as wd
 def slow_label(value: bytes) -> int:
     time.sleep(0.004)  # the injected cost of each sample
     return int(value)
-
-
-def _loader(name: str, dp):
-    """``dp`` under the loader ``name``: 2 forked workers where it has workers."""
-    if name == "plain":
-        return dp
-    if name == "DataLoader":
-        return fork_loader(dp)
-    if name == "StatefulDataLoader":
-        from torchdata.stateful_dataloader import StatefulDataLoader
-
-        return StatefulDataLoader(dp, batch_size=None, num_workers=2, multiprocessing_context="fork")
-    if name == "DataLoader2":
-        return DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=2))
-    tn = pytest.importorskip("torchdata.nodes", reason="torchdata < 0.10 has no torchdata.nodes (the newest stack has)")
-    return tn.Loader(tn.Prefetcher(tn.IterableWrapper(dp), prefetch_factor=2))
 
 
 @pytest.mark.parametrize("name", ["plain", "DataLoader", "StatefulDataLoader",
@@ -43,7 +27,7 @@ def test_the_measured_wait_agrees_with_a_wall_clock_outside(tmp_path, stats_on, 
     batch is often ready, and the rest short (2 ms): readiness is neither 0 nor 1 under workers."""
     paths = write_shards(tmp_path, 4, 10)
     dp = wd.ShardLister(paths).load_tar().group_by_key().map_fields({"cls": slow_label}).batch_samples(4)
-    loader = _loader(name, dp)
+    loader = loader_named(name, dp)
     waits, steps = [], 0.0
     loop = wd.stats.watch(loader)
     try:

@@ -12,9 +12,9 @@ import time
 
 import pytest
 from shard_server import StallingServer
-from stack import DataLoader2, needs_dataloader2
+from stack import needs_dataloader2
 from stall_log import stuck_on
-from stats_data import start_ranks, write_shards
+from stats_data import loader_named, start_ranks, write_shards
 
 import wds_datapipes as wd
 
@@ -29,28 +29,17 @@ def _spawned(dp):
     return torch.utils.data.DataLoader(dp, batch_size=None, num_workers=1, multiprocessing_context="spawn")
 
 
-def _dataloader2(dp):
-    return DataLoader2(dp, reading_service=wd.MultiProcessingReadingService(num_workers=2))
-
-
-def _nodes(dp):
-    tn = pytest.importorskip("torchdata.nodes", reason="torchdata < 0.10 has no torchdata.nodes (the newest stack has)")
-    return tn.Loader(tn.Prefetcher(tn.IterableWrapper(dp), prefetch_factor=2))
-
-
-@pytest.mark.parametrize("make", [
-    pytest.param(_spawned, id="DataLoader, spawned worker"),
-    pytest.param(_dataloader2, id="DataLoader2", marks=needs_dataloader2),
-    pytest.param(_nodes, id="torchdata.nodes"),
-])
-def test_a_hung_read_is_named_under_each_loader(tmp_path, stats_on, stall_log, make):
+@pytest.mark.parametrize("name", ["DataLoader, spawned worker", pytest.param("DataLoader2", marks=needs_dataloader2),
+                                  "torchdata.nodes"])
+def test_a_hung_read_is_named_under_each_loader(tmp_path, stats_on, stall_log, name):
     """Oracles: the server's own count of the bytes it sent before it stopped, its address, the
     loader's processes (a worker's pid is not this one's; a nodes thread is this process's),
     and every sample read in the end."""
     write_shards(tmp_path, 4, 12, size=3000)
     with StallingServer(str(tmp_path), "s-002.tar", at=AT) as server:
         stall_log.release_on(server.url("s-002.tar"), "reading", server.release)
-        loader = make(wd.ShardLister(server.url("s-{000..003}.tar")).load_tar().group_by_key().batch_samples(4))
+        dp = wd.ShardLister(server.url("s-{000..003}.tar")).load_tar().group_by_key().batch_samples(4)
+        loader = _spawned(dp) if name == "DataLoader, spawned worker" else loader_named(name, dp)
         try:
             keys = [key for batch in wd.stats.watch(loader, stall_s=1.5) for key in batch["__key__"]]
         finally:
@@ -61,7 +50,7 @@ def test_a_hung_read_is_named_under_each_loader(tmp_path, stats_on, stall_log, m
     (process, thread), = stuck_on(warnings[0], server.url("s-002.tar"))
     assert thread["shard"]["offset"] == server.sent_before_stall == AT
     assert thread["shard"]["host"] == f"127.0.0.1:{server.server_address[1]}"
-    if make is _nodes:  # the pipe runs in a thread of the training process
+    if name == "torchdata.nodes":  # the pipe runs in a thread of the training process
         assert process["pid"] == os.getpid() and process["worker"] == -1 and thread["thread"] != "MainThread"
     else:
         assert process["pid"] != os.getpid() and process["worker"] >= 0
